@@ -1,0 +1,8 @@
+"""dlock: lease locks for scheduled jobs across a fleet.
+
+Pure Python (stdlib plus the backend's driver, imported lazily), relative
+imports only and no ansible import: the same package is the engine of the
+Ansible module and, copied onto a node, the `python3 -m dlock` runner.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,109 @@
+"""What every backend offers, and the values it returns."""
+
+import re
+
+from ..errors import ConfigError
+
+KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,199}$")
+
+
+def validate_key(key):
+    if not isinstance(key, str) or not KEY_PATTERN.match(key):
+        raise ConfigError(
+            "key: %r is not a valid lock key (1-200 characters: letters, digits and _ . : @ -, "
+            "starting with a letter or digit)" % (key,)
+        )
+    return key
+
+
+class Slot(object):
+    """A once-per slot: its number and how long its marker must outlive the grant."""
+
+    def __init__(self, number, marker_ttl):
+        self.number = number
+        self.marker_ttl = marker_ttl
+
+    def __repr__(self):
+        return "Slot(%d)" % self.number
+
+
+class Holder(object):
+    """What the backend knows of a key. owner is None when nobody holds it."""
+
+    def __init__(self, key, owner=None, fence=0, acquired_at=None, ttl_remaining=None,
+                 last=None, server_time=None):
+        self.key = key
+        self.owner = owner
+        self.fence = fence
+        self.acquired_at = acquired_at  # backend epoch seconds
+        self.ttl_remaining = ttl_remaining  # seconds; None: no expiry (held by a session)
+        self.last = last  # dict describing the last finished run, or None
+        self.server_time = server_time
+
+    @property
+    def age(self):
+        if self.owner is None or self.acquired_at is None or self.server_time is None:
+            return None
+        return max(0.0, self.server_time - self.acquired_at)
+
+    def as_dict(self):
+        return {
+            "key": self.key,
+            "held": self.owner is not None,
+            "owner": self.owner,
+            "fence": self.fence,
+            "age": None if self.age is None else round(self.age, 3),
+            "ttl_remaining": None if self.ttl_remaining is None else round(self.ttl_remaining, 3),
+            "last": self.last,
+        }
+
+
+class Grant(object):
+    """Answer to an acquire: status is 'granted', 'locked' or 'duplicate'."""
+
+    def __init__(self, status, fence=None, holder=None):
+        self.status = status
+        self.fence = fence
+        self.holder = holder
+
+    @property
+    def granted(self):
+        return self.status == "granted"
+
+
+class Backend(object):
+    """A lease store. Times are the backend's; ttl and durations in seconds.
+
+    renew() returns False when the lease is no longer ours (expired, taken,
+    broken); it raises BackendError when it cannot tell (the caller retries
+    until its own deadline).
+    """
+
+    name = "backend"
+    # True when renew() can still succeed after a connection error (server-side
+    # lease); False when the lock lives in the session (advisory, flock).
+    lease_survives_reconnect = True
+
+    def server_time(self):
+        raise NotImplementedError
+
+    def acquire(self, key, owner, ttl, slot=None):
+        raise NotImplementedError
+
+    def renew(self, key, owner, ttl):
+        raise NotImplementedError
+
+    def release(self, key, owner, min_hold=0.0, last=None):
+        raise NotImplementedError
+
+    def force_release(self, key):
+        raise NotImplementedError
+
+    def query(self, key):
+        raise NotImplementedError
+
+    def reset(self):
+        """Forget the current connection (after a stuck operation)."""
+
+    def close(self):
+        """Close connections; safe to call twice."""

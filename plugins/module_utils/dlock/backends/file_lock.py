@@ -1,0 +1,139 @@
+"""flock(2) on a file in one directory: mutual exclusion on one host only.
+
+The kernel drops the lock when the holding process dies, so there is no TTL.
+Beside the lock file, KEY.json (replaced atomically, under the lock) keeps the
+fence, holder, min-hold deadline, last slot and last run.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import time
+
+from ..errors import BackendError
+from .base import Backend, Grant, Holder
+
+
+class FileBackend(Backend):
+    name = "file"
+    lease_survives_reconnect = False
+
+    def __init__(self, directory):
+        self.directory = directory
+        self._fds = {}  # key -> fd of the lock file we hold
+
+    def _path(self, key, suffix):
+        return os.path.join(self.directory, key + suffix)
+
+    def _read_state(self, key):
+        try:
+            with open(self._path(key, ".json")) as handle:
+                return json.load(handle)
+        except (IOError, OSError) as exc:
+            if exc.errno == errno.ENOENT:
+                return {}
+            raise BackendError("file: cannot read %s (%s)" % (self._path(key, ".json"), exc))
+        except ValueError:
+            return {}  # torn by hand: the lock itself is the flock, not this file
+
+    def _write_state(self, key, state):
+        path = self._path(key, ".json")
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        with open(tmp, "w") as handle:
+            json.dump(state, handle, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(tmp, path)
+
+    def _holder(self, key, state, held):
+        now = time.time()
+        hold_until = state.get("hold_until") or 0
+        busy = held or hold_until > now
+        return Holder(key, owner=state.get("owner") if busy else None, fence=state.get("fence", 0),
+                      acquired_at=state.get("acquired_at") if busy else None,
+                      ttl_remaining=(hold_until - now) if (busy and not held) else None,
+                      last=state.get("last"), server_time=now)
+
+    def server_time(self):
+        return time.time()
+
+    def acquire(self, key, owner, ttl, slot=None):
+        try:
+            if not os.path.isdir(self.directory):
+                os.makedirs(self.directory, 0o750)
+            fd = os.open(self._path(key, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            raise BackendError("file: cannot open the lock in %s (%s)" % (self.directory, exc))
+        state = self._read_state(key)
+        if slot is not None and state.get("slot") == slot.number:
+            os.close(fd)
+            return Grant("duplicate", holder=self._holder(key, state, held=False))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (IOError, OSError):
+            os.close(fd)
+            return Grant("locked", holder=self._holder(key, state, held=True))
+        state = self._read_state(key)  # now under the lock
+        if (state.get("hold_until") or 0) > time.time() or (slot is not None and state.get("slot") == slot.number):
+            os.close(fd)
+            status = "duplicate" if slot is not None and state.get("slot") == slot.number else "locked"
+            return Grant(status, holder=self._holder(key, state, held=False))
+        state.update(owner=owner, fence=state.get("fence", 0) + 1, acquired_at=time.time(), hold_until=None)
+        if slot is not None:
+            state["slot"] = slot.number
+        self._write_state(key, state)
+        self._fds[key] = fd
+        return Grant("granted", fence=state["fence"])
+
+    def renew(self, key, owner, ttl):
+        return key in self._fds and self._read_state(key).get("owner") == owner
+
+    def release(self, key, owner, min_hold=0.0, last=None):
+        fd = self._fds.pop(key, None)
+        if fd is None:
+            return False
+        state = self._read_state(key)
+        if last:
+            state["last"] = last
+        hold_until = (state.get("acquired_at") or 0) + min_hold
+        if hold_until > time.time():
+            state["hold_until"] = hold_until
+        else:
+            state["owner"] = None
+        self._write_state(key, state)
+        os.close(fd)
+        return True
+
+    def force_release(self, key):
+        state = self._read_state(key)
+        holder = self._holder(key, state, held=self._is_locked(key))
+        if self._is_locked(key):
+            raise BackendError("file: %s is held by a live process (owner %s); a flock cannot be "
+                               "broken, stop that process instead" % (key, state.get("owner")))
+        state.update(owner=None, hold_until=None)
+        self._write_state(key, state)
+        return holder
+
+    def _is_locked(self, key):
+        if key in self._fds:
+            return True
+        try:
+            fd = os.open(self._path(key, ".lock"), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except (IOError, OSError):
+            return True
+        finally:
+            os.close(fd)
+
+    def query(self, key):
+        return self._holder(key, self._read_state(key), held=self._is_locked(key))
+
+    def close(self):
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

@@ -1,0 +1,107 @@
+"""PostgreSQL session advisory lock, held on one connection for the run.
+
+The lock dies with the session: there is no server-side TTL, so a lost
+connection means a lost lock (renew() then says False and the runner fences
+at once). PgBouncer in transaction pooling breaks it: connect directly. The
+lease table still carries the fence, the holder and the last run.
+"""
+
+import hashlib
+
+from ..errors import BackendError
+from .base import Grant
+from .pg_common import FORCE_RELEASE, PgBackend, Refused
+
+HOLDER_PIDS = """
+SELECT pid FROM pg_locks
+ WHERE locktype = 'advisory' AND granted AND objsubid = 1
+   AND classid = %s::bigint::oid AND objid = %s::bigint::oid
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+def lock_id(key):
+    """A stable positive bigint for the key; pg_locks shows it split in classid/objid."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") & (2 ** 63 - 1)
+
+
+def _holder_pids(conn, key):
+    ident = lock_id(key)
+    return [row[0] for row in conn.execute(HOLDER_PIDS, (ident >> 32, ident & 0xFFFFFFFF)).fetchall()]
+
+
+class PgAdvisoryBackend(PgBackend):
+    name = "postgresql+advisory"
+    lease_survives_reconnect = False
+
+    def __init__(self, *args, **kwargs):
+        PgBackend.__init__(self, *args, **kwargs)
+        self._lock_conn = None  # the connection whose session holds our lock
+
+    def acquire(self, key, owner, ttl, slot=None):
+        def grant(conn):
+            if slot is not None and self._slot_owner(conn, key, slot):
+                return self._refusal(conn, key, slot, "duplicate")
+            if not conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_id(key),)).fetchone()[0]:
+                return self._refusal(conn, key, slot, "locked")
+            try:
+                with conn.transaction():
+                    # A previous holder's min_hold keeps the row busy past its unlock.
+                    fence = self._upsert(conn, key, owner, None)
+                    if fence is None:
+                        raise Refused("locked")
+                    if slot is not None and not self._claim_slot(conn, key, owner, slot):
+                        raise Refused("duplicate")
+            except Refused as refused:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (lock_id(key),))
+                return self._refusal(conn, key, slot, refused.status)
+            self._lock_conn = conn
+            return Grant("granted", fence=fence)
+        return self._run(grant)
+
+    def _holding(self):
+        """The connection that holds our lock, or None once it is gone."""
+        conn = self._lock_conn
+        if conn is None or conn.closed or conn is not self._conn:
+            return None
+        return conn
+
+    def renew(self, key, owner, ttl):
+        conn = self._holding()
+        if conn is None:
+            return False
+        try:
+            return conn.execute("SELECT pg_backend_pid() = ANY(%s)", (_holder_pids(conn, key),)).fetchone()[0]
+        except Exception:  # any failure of the session is the loss of the lock
+            self.reset()
+            return False
+
+    def release(self, key, owner, min_hold=0.0, last=None):
+        conn = self._holding()
+        if conn is None:
+            return False
+        self._lock_conn = None
+
+        def release(conn):
+            released = self._release_row(conn, key, owner, min_hold, last)
+            conn.execute("SELECT pg_advisory_unlock(%s)", (lock_id(key),))
+            return released
+        return self._run(release)
+
+    def force_release(self, key):
+        def force(conn):
+            holder = self._query(conn, key)
+            for pid in _holder_pids(conn, key):
+                # Only ending the session frees a session lock; needs pg_signal_backend
+                # or the same role as the holder.
+                if not conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]:
+                    raise BackendError("postgresql: could not end session %d holding %s" % (pid, key))
+            conn.execute(FORCE_RELEASE, (key,))
+            return holder
+        return self._run(force)
+
+    def _query(self, conn, key):
+        holder = PgBackend._query(self, conn, key)
+        if holder.owner is not None and not _holder_pids(conn, key) and holder.ttl_remaining is None:
+            holder.owner = None  # row says held by a session, but no session holds the lock
+        return holder

@@ -1,0 +1,231 @@
+"""PostgreSQL plumbing shared by the lease-table and advisory-lock backends.
+
+Connections are autocommit, never use server-side prepared statements (so they
+work through PgBouncer in transaction mode) and carry TCP keepalives and a TCP
+user timeout, so a dead peer is noticed in seconds rather than hours.
+"""
+
+import json
+import math
+
+from ..errors import AuthError, BackendError, MissingDriver
+from .base import Backend, Grant, Holder
+
+try:
+    import psycopg
+except ImportError:
+    psycopg = None
+
+# Created on first use when missing. A least-privilege role gets them from the
+# dlock_postgresql role instead (it then needs no CREATE right).
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS dlock_lease (
+        key text PRIMARY KEY,
+        owner text,
+        fence bigint NOT NULL DEFAULT 0,
+        acquired_at timestamptz,
+        expires_at timestamptz,
+        last_run jsonb
+    )""",
+    """CREATE TABLE IF NOT EXISTS dlock_slot (
+        key text NOT NULL,
+        slot bigint NOT NULL,
+        owner text NOT NULL,
+        expires_at timestamptz NOT NULL,
+        PRIMARY KEY (key, slot)
+    )""",
+)
+
+# Grant when the key is free or its lease has expired; the fence grows by one
+# per grant and lives in the row, which is never deleted. expires_at NULL means
+# "held by a session" (advisory backend, which passes ttl_ms NULL, session true).
+UPSERT_LEASE = """
+INSERT INTO dlock_lease AS l (key, owner, fence, acquired_at, expires_at)
+VALUES (%(key)s, %(owner)s, 1, now(),
+        CASE WHEN %(ttl_ms)s::bigint IS NULL THEN NULL
+             ELSE now() + %(ttl_ms)s::bigint * interval '1 millisecond' END)
+ON CONFLICT (key) DO UPDATE
+   SET owner = excluded.owner, fence = l.fence + 1,
+       acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+ WHERE l.owner IS NULL OR l.expires_at <= now()
+    -- a session holder's row (expires_at NULL) is stale once we hold its advisory lock
+    OR (l.expires_at IS NULL AND %(session)s)
+RETURNING fence
+"""
+
+CLAIM_SLOT = """
+INSERT INTO dlock_slot (key, slot, owner, expires_at)
+VALUES (%s, %s, %s, now() + %s * interval '1 millisecond')
+ON CONFLICT DO NOTHING RETURNING 1
+"""
+
+SLOT_OWNER = "SELECT owner FROM dlock_slot WHERE key = %s AND slot = %s"
+PRUNE_SLOTS = "DELETE FROM dlock_slot WHERE key = %s AND expires_at < now()"
+
+QUERY = """
+SELECT owner, fence, extract(epoch FROM acquired_at)::float8,
+       extract(epoch FROM expires_at - now())::float8, last_run,
+       extract(epoch FROM now())::float8, expires_at IS NULL OR expires_at > now()
+  FROM dlock_lease WHERE key = %s
+"""
+
+# Keep the lease until acquired_at + min_hold but never extend it; record the run.
+RELEASE = """
+UPDATE dlock_lease
+   SET expires_at = LEAST(COALESCE(expires_at, 'infinity'),
+                          GREATEST(now(), acquired_at + %(min_hold_ms)s * interval '1 millisecond')),
+       owner = CASE WHEN acquired_at + %(min_hold_ms)s * interval '1 millisecond' > now()
+                         AND (expires_at IS NULL OR expires_at > now()) THEN owner END,
+       last_run = COALESCE(%(last)s::jsonb, last_run)
+ WHERE key = %(key)s AND owner = %(owner)s
+RETURNING 1
+"""
+
+FORCE_RELEASE = """
+UPDATE dlock_lease SET owner = NULL, expires_at = now()
+ WHERE key = %s AND owner IS NOT NULL
+RETURNING 1
+"""
+
+
+class Refused(Exception):
+    """Rolls back a grant transaction; carries the answer ('locked' or 'duplicate')."""
+
+    def __init__(self, status):
+        Exception.__init__(self, status)
+        self.status = status
+
+
+def _ms(seconds):
+    return int(math.ceil(seconds * 1000))
+
+
+class PgBackend(Backend):
+    """Connection handling, schema and the queries both PostgreSQL backends share."""
+
+    def __init__(self, url, password=None, op_timeout=2.0, ca_file=None):
+        if psycopg is None:
+            raise MissingDriver("psycopg", "python3-psycopg", "postgresql://")
+        self.url = url
+        self.password = password
+        self.op_timeout = op_timeout
+        self.ca_file = ca_file
+        self._conn = None
+        self._schema_ready = False
+
+    # -- connection -------------------------------------------------------
+    def _connect(self):
+        kwargs = dict(
+            autocommit=True,
+            prepare_threshold=None,
+            application_name="dlock",
+            # libpq counts connect_timeout in whole seconds and treats < 2 as 2.
+            connect_timeout=max(2, int(math.ceil(self.op_timeout))),
+            keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+            tcp_user_timeout=_ms(self.op_timeout),
+        )
+        if self.password is not None:
+            kwargs["password"] = self.password
+        if self.ca_file:
+            kwargs["sslrootcert"] = self.ca_file
+        try:
+            return psycopg.connect(self.url, **kwargs)
+        except psycopg.OperationalError as exc:
+            text = str(exc).strip()
+            if "password authentication failed" in text or "no password supplied" in text:
+                raise AuthError("postgresql: authentication failed (%s)" % text.splitlines()[0])
+            raise BackendError("postgresql: cannot connect (%s)" % (text.splitlines()[0] if text else exc))
+        except psycopg.Error as exc:
+            raise BackendError("postgresql: %s" % exc)
+
+    @property
+    def conn(self):
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+            if not self._schema_ready:
+                self._ensure_schema(self._conn)
+        return self._conn
+
+    def _ensure_schema(self, conn):
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT to_regclass('dlock_lease') IS NOT NULL AND to_regclass('dlock_slot') IS NOT NULL")
+                if not cur.fetchone()[0]:
+                    for statement in SCHEMA:
+                        try:
+                            cur.execute(statement)
+                        except psycopg.errors.UniqueViolation:
+                            pass  # created concurrently by another runner
+        except psycopg.Error as exc:
+            raise BackendError("postgresql: cannot create the lease tables (%s); "
+                               "create them with the dlock_postgresql role" % str(exc).strip())
+        self._schema_ready = True
+
+    def _run(self, fn):
+        """Run fn(conn) and turn driver errors into BackendError; a broken
+        connection is dropped so the next call reconnects."""
+        try:
+            return fn(self.conn)
+        except psycopg.OperationalError as exc:
+            self.reset()
+            raise BackendError("postgresql: %s" % (str(exc).strip() or exc.__class__.__name__))
+        except psycopg.Error as exc:
+            raise BackendError("postgresql: %s" % str(exc).strip())
+
+    def reset(self):
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # a stuck or broken connection: nothing left to save
+                pass
+
+    def close(self):
+        self.reset()
+
+    # -- shared queries -----------------------------------------------------
+    def server_time(self):
+        def query(conn):
+            return conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
+        return self._run(query)
+
+    def _query(self, conn, key):
+        row = conn.execute(QUERY, (key,)).fetchone()
+        if row is None:
+            now = conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()[0]
+            return Holder(key, server_time=now)
+        owner, fence, acquired_at, ttl_left, last, now, live = row
+        return Holder(key, owner=owner if live else None, fence=fence, acquired_at=acquired_at,
+                      ttl_remaining=max(0.0, ttl_left) if (ttl_left is not None and live and owner) else None,
+                      last=last, server_time=now)
+
+    def query(self, key):
+        return self._run(lambda conn: self._query(conn, key))
+
+    def _refusal(self, conn, key, slot, status):
+        holder = self._query(conn, key)
+        if status == "duplicate":
+            holder.owner = self._slot_owner(conn, key, slot)
+        return Grant(status, holder=holder)
+
+    @staticmethod
+    def _slot_owner(conn, key, slot):
+        row = conn.execute(SLOT_OWNER, (key, slot.number)).fetchone()
+        return row[0] if row else None
+
+    @staticmethod
+    def _claim_slot(conn, key, owner, slot):
+        conn.execute(PRUNE_SLOTS, (key,))
+        return conn.execute(CLAIM_SLOT, (key, slot.number, owner, _ms(slot.marker_ttl))).fetchone() is not None
+
+    @staticmethod
+    def _upsert(conn, key, owner, ttl_ms):
+        params = {"key": key, "owner": owner, "ttl_ms": ttl_ms, "session": ttl_ms is None}
+        row = conn.execute(UPSERT_LEASE, params).fetchone()
+        return row[0] if row else None
+
+    @staticmethod
+    def _release_row(conn, key, owner, min_hold, last):
+        params = {"key": key, "owner": owner, "min_hold_ms": _ms(min_hold),
+                  "last": json.dumps(last, sort_keys=True) if last else None}
+        return conn.execute(RELEASE, params).fetchone() is not None

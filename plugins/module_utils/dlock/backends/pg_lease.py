@@ -1,0 +1,46 @@
+"""PostgreSQL lease table: the lease is a row whose expiry comes from the
+server's now(); it survives reconnects, server restarts and PgBouncer."""
+
+from .base import Grant
+from .pg_common import FORCE_RELEASE, PgBackend, Refused, _ms
+
+
+class PgLeaseBackend(PgBackend):
+    name = "postgresql"
+
+    def acquire(self, key, owner, ttl, slot=None):
+        def grant(conn):
+            try:
+                # One transaction: the slot claim is undone when the lease is busy.
+                # Concurrent claims of one slot serialise on its primary key.
+                with conn.transaction():
+                    if slot is not None and not self._claim_slot(conn, key, owner, slot):
+                        raise Refused("duplicate")
+                    fence = self._upsert(conn, key, owner, _ms(ttl))
+                    if fence is None:
+                        raise Refused("locked")
+            except Refused as refused:
+                return self._refusal(conn, key, slot, refused.status)
+            return Grant("granted", fence=fence)
+        return self._run(grant)
+
+    def renew(self, key, owner, ttl):
+        def renew(conn):
+            # expires_at > now(): an expired lease is never brought back to life.
+            return conn.execute(
+                "UPDATE dlock_lease SET expires_at = now() + %s * interval '1 millisecond' "
+                "WHERE key = %s AND owner = %s AND expires_at > now() RETURNING 1",
+                (_ms(ttl), key, owner)).fetchone() is not None
+        return self._run(renew)
+
+    def release(self, key, owner, min_hold=0.0, last=None):
+        return self._run(lambda conn: self._release_row(conn, key, owner, min_hold, last))
+
+    def force_release(self, key):
+        def force(conn):
+            with conn.transaction():
+                conn.execute("SELECT 1 FROM dlock_lease WHERE key = %s FOR UPDATE", (key,))
+                holder = self._query(conn, key)
+                conn.execute(FORCE_RELEASE, (key,))
+            return holder
+        return self._run(force)

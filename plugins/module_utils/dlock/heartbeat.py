@@ -1,0 +1,76 @@
+"""Renews the lease every renew_every while the job runs.
+
+Each renew runs in a short-lived worker thread bounded by op_timeout, so a
+stalled connection (a frozen server keeps the TCP connection open) is
+abandoned and the next attempt reconnects. Safety does not rest on this
+thread: the runner kills the job at the LeaseDeadline whatever happens here.
+"""
+
+import os
+import threading
+import time
+
+from .errors import BackendError
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, backend, key, owner, options, deadline, wake_fd):
+        threading.Thread.__init__(self, name="dlock-heartbeat")
+        self.daemon = True
+        self.backend = backend
+        self.key = key
+        self.owner = owner
+        self.options = options
+        self.deadline = deadline
+        self.wake_fd = wake_fd
+        self.lost = None  # why the lease is no longer ours, once it is not
+        self.last_error = None
+        self.renewals = 0
+        self._stop_event = threading.Event()
+
+    def stop(self):
+        self._stop_event.set()
+
+    def _renew_bounded(self):
+        box = []
+
+        def call():
+            try:
+                box.append(self.backend.renew(self.key, self.owner, self.options.ttl))
+            except Exception as exc:  # reported to the loop, which retries or fences
+                box.append(exc)
+
+        worker = threading.Thread(target=call, name="dlock-renew")
+        worker.daemon = True
+        worker.start()
+        worker.join(self.options.op_timeout)
+        if worker.is_alive():
+            self.backend.reset()
+            return BackendError("renew got no answer within op_timeout (%.3fs)" % self.options.op_timeout)
+        return box[0]
+
+    def _signal_lost(self, why):
+        self.lost = why
+        os.write(self.wake_fd, b"x")
+
+    def run(self):
+        renew_every = self.options.renew_every
+        retry_every = min(1.0, renew_every / 2)
+        next_at = self.deadline.expires_at - self.options.ttl + renew_every
+        while not self._stop_event.wait(max(0.0, next_at - time.monotonic())):
+            sent = time.monotonic()
+            outcome = self._renew_bounded()
+            if outcome is True:
+                self.deadline.renewed(sent)
+                self.renewals += 1
+                self.last_error = None
+                next_at = sent + renew_every
+            elif outcome is False:
+                self._signal_lost("the lease is no longer ours (expired or broken)")
+                return
+            else:
+                self.last_error = str(outcome)
+                if not self.backend.lease_survives_reconnect:
+                    self._signal_lost("the lock's session failed: %s" % outcome)
+                    return
+                next_at = time.monotonic() + retry_every

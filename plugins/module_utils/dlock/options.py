@@ -1,0 +1,115 @@
+"""Lock options of a job: parsing, derived defaults and the safety rule.
+
+The safety rule (DESIGN.md section 5): a runner that cannot renew must have
+killed its job before the lease can expire on the backend, so
+    renew_every + op_timeout + kill_grace + clock margin < ttl.
+"""
+
+from .durations import format_duration, parse_duration
+from .errors import EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, EXIT_DUPLICATE, EXIT_LOCK_LOST, EXIT_LOCKED, ConfigError
+
+DURATION_OPTIONS = (
+    "ttl", "renew_every", "wait_timeout", "min_hold", "once_per",
+    "max_runtime", "kill_grace", "max_clock_skew", "op_timeout",
+)
+OPTION_NAMES = DURATION_OPTIONS + ("on_contention", "fail_open", "exit_codes")
+
+# Names of the overridable exit codes (job option `exit_codes`).
+DEFAULT_EXIT_CODES = {
+    "locked": EXIT_LOCKED,
+    "duplicate": EXIT_DUPLICATE,
+    "backend_error": EXIT_BACKEND,
+    "lock_lost": EXIT_LOCK_LOST,
+    "clock_unsafe": EXIT_CLOCK,
+    "config_error": EXIT_CONFIG,
+}
+
+MIN_TTL = 1.0
+
+
+def clock_margin(ttl):
+    """Slack for rate differences between our monotonic clock and the backend's
+    clock, and for scheduling delay of the kill: 2% of the TTL, at least 100ms."""
+    return max(0.1, ttl * 0.02)
+
+
+class LockOptions(object):
+    """Validated lock options, all durations in seconds (None = not set)."""
+
+    def __init__(self, ttl=60.0, renew_every=None, on_contention="skip", wait_timeout=None,
+                 min_hold=0.0, once_per=None, max_runtime=None, kill_grace=None,
+                 max_clock_skew=2.0, op_timeout=None, fail_open=False, exit_codes=None):
+        self.ttl = ttl
+        # Derived defaults keep short TTLs valid without extra settings.
+        self.renew_every = renew_every if renew_every is not None else ttl / 3
+        self.kill_grace = kill_grace if kill_grace is not None else min(10.0, ttl / 5)
+        self.op_timeout = op_timeout if op_timeout is not None else min(2.0, ttl / 10)
+        self.on_contention = on_contention
+        self.wait_timeout = wait_timeout if wait_timeout is not None else 300.0
+        self.min_hold = min_hold
+        self.once_per = once_per
+        self.max_runtime = max_runtime
+        self.max_clock_skew = max_clock_skew
+        self.fail_open = fail_open
+        self.exit_codes = dict(DEFAULT_EXIT_CODES)
+        self.exit_codes.update(exit_codes or {})
+        self.validate()
+
+    @property
+    def margin(self):
+        return clock_margin(self.ttl)
+
+    def validate(self):
+        if self.ttl < MIN_TTL:
+            raise ConfigError("ttl: %s is below the minimum of 1s" % format_duration(self.ttl))
+        if self.on_contention not in ("skip", "wait"):
+            raise ConfigError("on_contention: %r must be 'skip' or 'wait'" % (self.on_contention,))
+        for name in ("renew_every", "op_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError("%s: must be greater than 0" % name)
+        budget = self.renew_every + self.op_timeout + self.kill_grace + self.margin
+        if budget >= self.ttl:
+            raise ConfigError(
+                "renew_every (%s) + op_timeout (%s) + kill_grace (%s) + clock margin (%s) = %s "
+                "must be below ttl (%s): a runner that cannot renew could not stop its job "
+                "before the lease expires; raise ttl or lower the others"
+                % tuple(format_duration(v) for v in (
+                    self.renew_every, self.op_timeout, self.kill_grace, self.margin, budget, self.ttl))
+            )
+        if self.once_per is not None and self.once_per < 1:
+            raise ConfigError("once_per: %s is below the minimum of 1s" % format_duration(self.once_per))
+        if self.max_runtime is not None and self.max_runtime <= 0:
+            raise ConfigError("max_runtime: must be greater than 0")
+        for name, code in self.exit_codes.items():
+            if name not in DEFAULT_EXIT_CODES:
+                raise ConfigError("exit_codes: unknown name %r (known: %s)"
+                                  % (name, ", ".join(sorted(DEFAULT_EXIT_CODES))))
+            if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+                raise ConfigError("exit_codes.%s: %r is not an exit code (0-255)" % (name, code))
+
+    @classmethod
+    def from_mapping(cls, values, where):
+        """Options from a dict of raw values (JSON file or flags); `where` prefixes errors."""
+        kwargs = {}
+        for name, raw in values.items():
+            if raw is None:
+                continue
+            field = "%s: %s" % (where, name) if where else name
+            if name in DURATION_OPTIONS:
+                kwargs[name] = parse_duration(raw, field)
+            elif name == "fail_open":
+                if not isinstance(raw, bool):
+                    raise ConfigError("%s: %r must be true or false" % (field, raw))
+                kwargs[name] = raw
+            elif name == "on_contention":
+                kwargs[name] = raw
+            elif name == "exit_codes":
+                if not isinstance(raw, dict):
+                    raise ConfigError("%s: must be a mapping of name to exit code" % field)
+                kwargs[name] = raw
+            else:
+                raise ConfigError("%s: unknown option" % field)
+        try:
+            return cls(**kwargs)
+        except ConfigError as exc:
+            raise ConfigError("%s: %s" % (where, exc) if where else str(exc))

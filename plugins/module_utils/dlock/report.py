@@ -1,0 +1,116 @@
+"""What a run leaves behind: one JSON log line, and the job's textfile metrics.
+
+Metrics go to METRICS_DIR/dlock_JOB.prom for node_exporter's textfile
+collector, written to a temp file in the same directory and renamed, so a
+scrape never sees half a file. Counters carry over from the previous file.
+"""
+
+import fcntl
+import json
+import os
+import re
+import sys
+
+LOG_FIELDS = ("job", "key", "owner", "fence", "run_id", "attempt", "wait_ms", "duration_ms", "result", "exit_code")
+
+# (name, type, help); names and units follow Prometheus' rules (contract).
+METRICS = (
+    ("dlock_runs_total", "counter", "Runs of the job on this node, by result."),
+    ("dlock_lock_wait_seconds", "gauge", "Time the last run waited for the lock."),
+    ("dlock_last_run_timestamp_seconds", "gauge", "Unix time at which the last run ended."),
+    ("dlock_last_run_duration_seconds", "gauge", "Wall time of the last run, lock handling included."),
+    ("dlock_last_exit_code", "gauge", "Exit code of the last run of the runner."),
+    ("dlock_lock_held", "gauge", "1 while this node holds the job's lock."),
+    ("dlock_lock_age_seconds", "gauge", "Age of the lease this node holds (0 when it holds none)."),
+    ("dlock_fencing_token", "gauge", "Fencing token of this node's last grant of the lock."),
+    ("dlock_clock_offset_seconds", "gauge", "Backend clock minus local clock, measured at the last run."),
+)
+RESULTS = ("success", "failed", "skipped_locked", "skipped_duplicate", "lock_lost", "backend_error", "clock_unsafe")
+_COUNTER_LINE = re.compile(r'^dlock_runs_total\{job="[^"]*",result="([a-z_]+)"\} (\d+)$')
+
+
+def log_line(record, stream=None):
+    """One JSON object on one line (stderr -> journald), contract fields first."""
+    ordered = dict((name, record.get(name)) for name in LOG_FIELDS)
+    ordered.update((k, v) for k, v in record.items() if k not in ordered and v is not None)
+    (stream or sys.stderr).write(json.dumps(ordered) + "\n")
+
+
+def _escape(value):
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def metrics_path(directory, job):
+    return os.path.join(directory, "dlock_%s.prom" % job)
+
+
+def _read_counters(path):
+    counts = dict((result, 0) for result in RESULTS)
+    try:
+        with open(path) as handle:
+            for line in handle:
+                match = _COUNTER_LINE.match(line.strip())
+                if match:
+                    counts[match.group(1)] = int(match.group(2))
+    except (IOError, OSError):
+        pass
+    return counts
+
+
+def render(job, counts, gauges):
+    label = 'job="%s"' % _escape(job)
+    lines = []
+    for name, kind, help_text in METRICS:
+        if name == "dlock_runs_total":
+            samples = [('%s,result="%s"' % (label, result), counts[result]) for result in sorted(counts)]
+        elif gauges.get(name) is not None:
+            samples = [(label, gauges[name])]
+        else:
+            continue
+        lines.append("# HELP %s %s" % (name, help_text))
+        lines.append("# TYPE %s %s" % (name, kind))
+        lines.extend("%s{%s} %s" % (name, labels, _number(value)) for labels, value in samples)
+    return "\n".join(lines) + "\n"
+
+
+def _number(value):
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+def write_metrics(directory, job, gauges, result=None):
+    """Update the job's file: count `result` (if given) and set the gauges given.
+
+    The directory's flock serialises two runners of one job on one node."""
+    path = metrics_path(directory, job)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        counts = _read_counters(path)
+        previous = read_gauges(path)
+        previous.update((k, v) for k, v in gauges.items() if v is not None)
+        if result is not None:
+            counts[result] = counts.get(result, 0) + 1
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        with open(tmp, "w") as handle:
+            handle.write(render(job, counts, previous))
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, path)
+    finally:
+        os.close(dir_fd)
+
+
+def read_gauges(path):
+    """The gauges of an existing file (so a partial update keeps the others)."""
+    gauges = {}
+    try:
+        with open(path) as handle:
+            for line in handle:
+                if line.startswith("dlock_") and not line.startswith("dlock_runs_total"):
+                    gauges[line.split("{", 1)[0]] = float(line.rsplit(" ", 1)[1])
+    except (IOError, OSError, ValueError, IndexError):
+        pass
+    return gauges

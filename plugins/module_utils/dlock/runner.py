@@ -1,0 +1,242 @@
+"""`dlock run`: take the lease, run the job under it, fence, release, report.
+
+Order of a run: clock check -> acquire (skip, or wait with backoff) -> spawn
+the job in its own process group -> heartbeat renews while the main loop
+watches the LeaseDeadline, max_runtime and signals -> release (owner-checked,
+min_hold kept) -> one log line and the metrics.
+"""
+
+import os
+import secrets
+import signal
+import socket
+import time
+
+from . import clock, report
+from .backends import Slot, open_backend
+from .backoff import backoff_cap, backoff_delay
+from .child import Child, exit_status
+from .deadline import LeaseDeadline
+from .errors import BackendError, ClockUnsafe, DlockError
+from .heartbeat import Heartbeat
+from .slots import marker_ttl, run_id, slot_number
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def new_owner(prefix=None):
+    """Owner token: who holds it (for humans) plus 96 random bits (for safety)."""
+    return "%s:%d:%s" % (prefix or socket.gethostname(), os.getpid(), secrets.token_hex(12))
+
+
+def acquire(backend, key, owner, options, slot, sleep=time.sleep):
+    """(grant, attempts, monotonic time the granting request was sent)."""
+    give_up_at = time.monotonic() + (options.wait_timeout if options.on_contention == "wait" else 0)
+    attempt = 0
+    while True:
+        attempt += 1
+        sent = time.monotonic()
+        grant = backend.acquire(key, owner, options.ttl, slot)
+        if grant.status != "locked" or options.on_contention == "skip":
+            return grant, attempt, sent
+        remaining = give_up_at - time.monotonic()
+        if remaining <= 0:
+            return grant, attempt, sent
+        sleep(min(remaining, backoff_delay(attempt, backoff_cap(options.ttl))))
+
+
+class Runner(object):
+    def __init__(self, settings, stderr=None):
+        self.s = settings
+        self.o = settings.options
+        self.owner = new_owner()
+        self.stderr = stderr
+        self.record = {"job": settings.job, "key": settings.key, "owner": self.owner,
+                       "host": socket.gethostname(), "attempt": 0, "wait_ms": 0}
+        self.gauges = {}
+
+    def _exit(self, name):
+        return self.o.exit_codes[name]
+
+    def run(self):
+        started_wall, started = time.time(), time.monotonic()
+        backend = None
+        try:
+            try:
+                backend = open_backend(self.s.backend_url, self.s.password, self.o.op_timeout, self.s.ca_file)
+                code, result = self._locked_run(backend)
+            except (BackendError, ClockUnsafe) as exc:
+                self.record["error"] = str(exc)
+                if not self.o.fail_open:
+                    code, result = self._exit(exc.result), exc.result
+                else:
+                    code, result = self._unlocked_run(exc)
+        finally:
+            if backend is not None:
+                backend.close()
+        self.record.update(result=result, exit_code=code, duration_ms=int((time.monotonic() - started) * 1000))
+        report.log_line(self.record, self.stderr)
+        self._write_metrics(result, code, started_wall)
+        return code
+
+    # -- the locked path ------------------------------------------------------
+    def _locked_run(self, backend):
+        offset, rtt = clock.measure_offset(backend)
+        self.gauges["dlock_clock_offset_seconds"] = round(offset, 6)
+        clock.check_offset(offset, rtt, self.o.max_clock_skew)
+        slot = None
+        if self.o.once_per:
+            number = slot_number(time.time() + offset, self.o.once_per)
+            slot = Slot(number, marker_ttl(self.o.once_per))
+            self.record["slot"] = number
+        asked = time.monotonic()
+        grant, attempts, sent = acquire(backend, self.s.key, self.owner, self.o, slot)
+        self.record.update(attempt=attempts, wait_ms=int((time.monotonic() - asked) * 1000))
+        self.gauges["dlock_lock_wait_seconds"] = round(time.monotonic() - asked, 3)
+        if not grant.granted:
+            self.record["holder"] = grant.holder.owner if grant.holder else None
+            if grant.status == "duplicate":
+                return self._exit("duplicate"), "skipped_duplicate"
+            return self._exit("locked"), "skipped_locked"
+
+        fence = grant.fence
+        self.record.update(fence=fence, run_id=run_id(self.s.job, slot and slot.number, self.o.once_per, fence))
+        self.gauges.update(dlock_fencing_token=fence, dlock_lock_held=1, dlock_lock_age_seconds=0)
+        self._write_metrics(None, None, None)
+        deadline = LeaseDeadline(self.o.ttl, self.o.margin, self.o.kill_grace, sent)
+        code, result = self._supervise(backend, deadline)
+        self._release(backend, result, code)
+        return code, result
+
+    def _release(self, backend, result, code):
+        last = {"result": result, "exit_code": code, "owner": self.owner, "host": self.record["host"],
+                "fence": self.record.get("fence"), "run_id": self.record.get("run_id"), "finished_at": time.time()}
+        try:
+            if not backend.release(self.s.key, self.owner, self.o.min_hold, last) and result != "lock_lost":
+                self.record["release"] = "not ours any more (expired or broken)"
+        except DlockError as exc:
+            # The lease then expires by itself within its TTL.
+            self.record["release"] = "failed: %s" % exc
+
+    def _job_env(self, fence, owner):
+        env = dict(os.environ)
+        env.update(self.s.environment)
+        env.update(DLOCK_JOB=self.s.job, DLOCK_KEY=self.s.key, DLOCK_OWNER=owner,
+                   DLOCK_FENCING_TOKEN="" if fence is None else str(fence),
+                   DLOCK_RUN_ID=self.record.get("run_id") or "")
+        return env
+
+    def _spawn(self, env):
+        try:
+            return Child(self.s.command, env, self.s.working_directory)
+        except OSError as exc:
+            self.record["error"] = "cannot start %s: %s" % (self.s.command[0], exc.strerror or exc)
+            return None
+
+    def _supervise(self, backend, deadline):
+        child = self._spawn(self._job_env(self.record["fence"], self.owner))
+        if child is None:
+            return 127, "failed"
+        wake_r, wake_w = os.pipe()
+        heartbeat = Heartbeat(backend, self.s.key, self.owner, self.o, deadline, wake_w)
+        previous = self._forward_signals(child)
+        heartbeat.start()
+        try:
+            returncode, reason = self._watch(child, deadline, heartbeat, wake_r)
+        finally:
+            heartbeat.stop()
+            self._restore_signals(previous)
+            child.close()
+            os.close(wake_r)
+            os.close(wake_w)
+        # Leftovers of the job (background processes) must not outlive the lock.
+        if child.signal_group(signal.SIGKILL):
+            self.record["leftovers"] = "killed the job's remaining processes"
+        self.record["renewals"] = heartbeat.renewals
+        if heartbeat.last_error:
+            self.record["renew_error"] = heartbeat.last_error
+        if reason == "lock_lost" or heartbeat.lost:
+            self.record["reason"] = heartbeat.lost or "could not renew before the lease deadline"
+            return self._exit("lock_lost"), "lock_lost"
+        code = exit_status(returncode)
+        if reason == "max_runtime":
+            self.record["reason"] = "max_runtime exceeded; the job was terminated"
+            return code, "failed"
+        return code, "success" if code == 0 else "failed"
+
+    def _watch(self, child, deadline, heartbeat, wake_fd):
+        """Wait for the job; terminate it on lock loss or max_runtime, and always
+        SIGKILL it before the lease can expire. Returns (returncode, reason)."""
+        start = time.monotonic()
+        runtime_end = start + self.o.max_runtime if self.o.max_runtime else float("inf")
+        reason, kill_at, killed = None, None, False
+        while True:
+            now = time.monotonic()
+            if reason is None:
+                if heartbeat.lost or now >= deadline.terminate_at:
+                    reason = "lock_lost"
+                elif now >= runtime_end:
+                    reason = "max_runtime"
+                if reason is not None:
+                    child.signal_group(signal.SIGTERM)
+                    kill_at = now + self.o.kill_grace
+            if reason is not None:
+                # Never let the job outlive the lease, whatever started the stop.
+                kill_at = min(kill_at, deadline.kill_by)
+                if now >= kill_at and not killed:
+                    child.signal_group(signal.SIGKILL)
+                    killed = True
+            events = [deadline.terminate_at, runtime_end] + ([kill_at] if kill_at and not killed else [])
+            timeout = min(min(events) - now, 1.0)
+            returncode = child.wait(timeout, wake_fd)
+            if returncode is not None:
+                return returncode, reason
+
+    @staticmethod
+    def _forward_signals(child):
+        def forward(signum, _frame):
+            child.signal_group(signum)
+        return dict((sig, signal.signal(sig, forward)) for sig in FORWARDED_SIGNALS)
+
+    @staticmethod
+    def _restore_signals(previous):
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    # -- fail open ------------------------------------------------------------
+    def _unlocked_run(self, exc):
+        """fail_open: run without any lock, and say so loudly."""
+        self.record.update(fail_open=True, warning="ran WITHOUT a lock (fail_open): %s" % exc)
+        child = self._spawn(self._job_env(None, ""))
+        if child is None:
+            return 127, "failed"
+        previous = self._forward_signals(child)
+        try:
+            while True:
+                returncode = child.wait(1.0)
+                if returncode is not None:
+                    break
+        finally:
+            self._restore_signals(previous)
+            child.close()
+        code = exit_status(returncode)
+        return code, "success" if code == 0 else "failed"
+
+    # -- metrics ----------------------------------------------------------------
+    def _write_metrics(self, result, code, started_wall):
+        if not self.s.metrics_dir:
+            return
+        if result is not None:
+            self.gauges.update(dlock_lock_held=0, dlock_lock_age_seconds=0, dlock_last_exit_code=code,
+                               dlock_last_run_timestamp_seconds=round(time.time(), 3),
+                               dlock_last_run_duration_seconds=round(time.time() - started_wall, 3))
+        try:
+            report.write_metrics(self.s.metrics_dir, self.s.job, self.gauges, result)
+        except (IOError, OSError) as exc:
+            report.log_line({"job": self.s.job, "key": self.s.key, "result": "metrics_error",
+                             "error": "cannot write metrics in %s: %s" % (self.s.metrics_dir, exc)},
+                            self.stderr)
+
+
+def run(settings, stderr=None):
+    return Runner(settings, stderr).run()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything the demo and the tests need on a fresh Debian 12 machine
+# (run as root): Debian packages, then the Python tools in .venv. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBS=(
+  redis-server redis-tools postgresql          # real backends for the engine/module tests
+  prometheus                                   # promtool: check metrics and rules
+  debootstrap systemd-container iproute2       # the lab: nspawn nodes in network namespaces
+  openssh-client faketime chrony rsync git
+  python3-venv
+)
+
+missing=()
+for pkg in "${DEBS[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  # policy-rc.d: the packages' own services must not start on this host.
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -c 'import ansible, redis, psycopg, pytest, molecule' 2>/dev/null \
+   || [[ requirements-dev.txt -nt .venv/.installed ]]; then
+  echo "setup: creating .venv with the Python tools"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -U pip
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+  touch .venv/.installed
+fi
+echo "setup: ready"

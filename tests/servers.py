@@ -1,0 +1,167 @@
+"""Real redis-server and PostgreSQL instances on loopback for tests and benchmarks.
+
+Each server gets a free port and a private temp directory; stop() removes
+both. PostgreSQL refuses to run as root, so it runs as the 'postgres' user
+that Debian's package creates.
+"""
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+PG_BIN = "/usr/lib/postgresql/15/bin"
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_port(port, proc, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError("server exited with %s" % proc.returncode)
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("port %d did not open" % port)
+
+
+class RedisServer(object):
+    def __init__(self, password=None, extra=()):
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="dlock-redis-")
+        self.password = password
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+                "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--daemonize", "no",
+                "--maxmemory-policy", "noeviction", "--loglevel", "warning"]
+        if password:
+            args += ["--requirepass", password]
+        self.proc = subprocess.Popen(args + list(extra), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.port, self.proc)
+
+    @property
+    def url(self):
+        return "redis://127.0.0.1:%d/0" % self.port
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def client(self):
+        import redis
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, decode_responses=True)
+
+    def pause(self):
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def restart(self):
+        """Stop and start on the same port and data dir (AOF keeps the data)."""
+        self.proc.terminate()
+        self.proc.wait(10)
+        args = self.proc.args
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.port, self.proc)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgresServer(object):
+    """A throwaway cluster: database 'dlock', superuser 'postgres', a password
+    login role 'locker' (scram-sha-256) for password tests."""
+
+    def __init__(self, password="locker-secret"):
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="dlock-pg-")
+        self.password = password
+        user = pwd.getpwnam("postgres")
+        os.chown(self.dir, user.pw_uid, user.pw_gid)
+        self.data = os.path.join(self.dir, "data")
+        self._as_postgres([PG_BIN + "/initdb", "-D", self.data, "-A", "trust", "-U", "postgres",
+                           "--no-sync", "-E", "UTF8"])
+        with open(os.path.join(self.data, "pg_hba.conf"), "w") as hba:
+            hba.write("local all postgres trust\nhost all postgres 127.0.0.1/32 trust\n"
+                      "host all all 127.0.0.1/32 scram-sha-256\n")
+        self.proc = subprocess.Popen(
+            ["runuser", "-u", "postgres", "--", PG_BIN + "/postgres", "-D", self.data, "-p", str(self.port),
+             "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + self.dir,
+             "-c", "fsync=off", "-c", "max_connections=200"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.port, self.proc)
+        self.sql("CREATE DATABASE dlock")
+        self.sql("CREATE ROLE locker LOGIN PASSWORD '%s'; GRANT ALL ON DATABASE dlock TO locker" % password)
+        self.sql("GRANT ALL ON SCHEMA public TO locker", db="dlock")
+
+    def _as_postgres(self, argv):
+        subprocess.run(["runuser", "-u", "postgres", "--"] + argv, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def url(self, user="postgres", scheme="postgresql"):
+        return "%s://%s@127.0.0.1:%d/dlock" % (scheme, user, self.port)
+
+    def connect(self, db="dlock"):
+        import psycopg
+        return psycopg.connect("postgresql://postgres@127.0.0.1:%d/%s" % (self.port, db), autocommit=True)
+
+    def sql(self, statement, db="postgres"):
+        with self.connect(db) as conn:
+            return conn.execute(statement).fetchall() if statement.lstrip().upper().startswith("SELECT") \
+                else conn.execute(statement)
+
+    def backend_pids(self, application_name="dlock"):
+        with self.connect() as conn:
+            rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                (application_name,)).fetchall()
+        return [row[0] for row in rows]
+
+    def all_pids(self):
+        """The postmaster and every child of it."""
+        out = subprocess.run(["pgrep", "-f", "-u", "postgres", ""], capture_output=True, text=True).stdout
+        mine = []
+        for pid in (int(p) for p in out.split()):
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as handle:
+                    cmd = handle.read()
+                with open("/proc/%d/status" % pid) as handle:
+                    ppid = int([l for l in handle if l.startswith("PPid:")][0].split()[1])
+            except OSError:
+                continue
+            if self.data.encode() in cmd or ppid == self.postmaster_pid:
+                mine.append(pid)
+        return mine
+
+    @property
+    def postmaster_pid(self):
+        with open(os.path.join(self.data, "postmaster.pid")) as handle:
+            return int(handle.readline())
+
+    def stop(self):
+        for pid in self.all_pids():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        subprocess.run(["runuser", "-u", "postgres", "--", PG_BIN + "/pg_ctl", "-D", self.data, "-m", "immediate",
+                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)

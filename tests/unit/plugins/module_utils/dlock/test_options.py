@@ -1,0 +1,78 @@
+import pytest
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.durations import format_duration, parse_duration
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import LockOptions, clock_margin
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("500ms", 0.5), ("90", 90.0), ("90s", 90.0), ("5m", 300.0), ("1h", 3600.0), ("1d", 86400.0),
+    (" 2.5s ", 2.5), (30, 30.0), (1.5, 1.5), ("0", 0.0),
+])
+def test_parse_duration_accepts_operator_forms(text, seconds):
+    assert parse_duration(text, "ttl") == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5x", "1h30m", "-5s", "s", "fast", True, "1e3", None])
+def test_parse_duration_names_the_field(text):
+    with pytest.raises(ConfigError) as err:
+        parse_duration(text, "renew_every")
+    assert str(err.value).startswith("renew_every:")
+
+
+def test_format_duration_round_trips_common_values():
+    assert [format_duration(v) for v in (0.25, 20, 1.5, 300, 7200)] == ["250ms", "20s", "1.5s", "5m", "2h"]
+
+
+def test_derived_defaults_follow_ttl():
+    opts = LockOptions(ttl=30)
+    assert opts.renew_every == 10
+    assert opts.kill_grace == 6
+    assert opts.op_timeout == 2
+    assert LockOptions(ttl=600).kill_grace == 10
+
+
+def test_safety_rule_names_every_number():
+    with pytest.raises(ConfigError) as err:
+        LockOptions(ttl=30, renew_every=20, kill_grace=10)
+    message = str(err.value)
+    for part in ("renew_every (20s)", "op_timeout (2s)", "kill_grace (10s)", "ttl (30s)", "must be below"):
+        assert part in message
+
+
+def test_safety_rule_boundary():
+    margin = clock_margin(10)
+    LockOptions(ttl=10, renew_every=5, op_timeout=1, kill_grace=3.9 - margin)
+    with pytest.raises(ConfigError):
+        LockOptions(ttl=10, renew_every=5, op_timeout=1, kill_grace=4 - margin)
+
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    ({"ttl": 0.5}, "ttl"),
+    ({"on_contention": "queue"}, "on_contention"),
+    ({"once_per": 0.5}, "once_per"),
+    ({"max_runtime": 0}, "max_runtime"),
+    ({"exit_codes": {"locked": 300}}, "exit_codes.locked"),
+    ({"exit_codes": {"bogus": 1}}, "unknown name"),
+])
+def test_invalid_options_are_refused(kwargs, fragment):
+    with pytest.raises(ConfigError) as err:
+        LockOptions(**kwargs)
+    assert fragment in str(err.value)
+
+
+def test_from_mapping_reports_where_and_field():
+    with pytest.raises(ConfigError) as err:
+        LockOptions.from_mapping({"ttl": "ten"}, "job file /etc/dlock/jobs/x.json")
+    assert str(err.value) == ("job file /etc/dlock/jobs/x.json: ttl: 'ten' is not a duration "
+                              "(use e.g. 500ms, 90, 90s, 5m, 1h)")
+    with pytest.raises(ConfigError) as err:
+        LockOptions.from_mapping({"fail_open": "yes"}, "here")
+    assert "fail_open" in str(err.value)
+
+
+def test_exit_code_overrides_merge_with_defaults():
+    opts = LockOptions(exit_codes={"locked": 0})
+    assert opts.exit_codes["locked"] == 0
+    assert opts.exit_codes["duplicate"] == 74
+    assert opts.exit_codes["lock_lost"] == 76
