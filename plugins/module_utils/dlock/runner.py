@@ -22,6 +22,7 @@ from .heartbeat import Heartbeat
 from .slots import marker_ttl, run_id, slot_number
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+EXIT_MAX_RUNTIME = 124  # as timeout(1): the job was stopped for running too long
 
 
 def new_owner(prefix=None):
@@ -158,10 +159,11 @@ class Runner(object):
         if reason == "lock_lost" or heartbeat.lost:
             self.record["reason"] = heartbeat.lost or "could not renew before the lease deadline"
             return self._exit("lock_lost"), "lock_lost"
-        code = exit_status(returncode)
         if reason == "max_runtime":
-            self.record["reason"] = "max_runtime exceeded; the job was terminated"
-            return code, "failed"
+            self.record["reason"] = "max_runtime exceeded; the job was terminated (its status: %d)" \
+                % exit_status(returncode)
+            return EXIT_MAX_RUNTIME, "failed"
+        code = exit_status(returncode)
         return code, "success" if code == 0 else "failed"
 
     def _watch(self, child, deadline, heartbeat, wake_fd):
