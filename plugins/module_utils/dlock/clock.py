@@ -1,7 +1,6 @@
 """Local clock against the backend's clock, and chrony's view when present."""
 
 import os
-import shutil
 import subprocess
 import time
 
@@ -27,6 +26,7 @@ def check_offset(offset, rtt, max_skew):
 
 def chrony_tracking():
     """chronyc's tracking as a dict, or None when chronyc is absent or fails."""
+    import shutil  # only check-clock needs it; `run` stays lean
     chronyc = shutil.which("chronyc")
     if chronyc is None:
         return None

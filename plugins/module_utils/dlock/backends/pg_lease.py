@@ -10,11 +10,14 @@ class PgLeaseBackend(PgBackend):
 
     def acquire(self, key, owner, ttl, slot=None):
         def grant(conn):
+            if slot is None:  # one atomic statement: no transaction round trips
+                fence = self._upsert(conn, key, owner, _ms(ttl))
+                return Grant("granted", fence=fence) if fence is not None else self._refusal(conn, key, None, "locked")
             try:
                 # One transaction: the slot claim is undone when the lease is busy.
                 # Concurrent claims of one slot serialise on its primary key.
                 with conn.transaction():
-                    if slot is not None and not self._claim_slot(conn, key, owner, slot):
+                    if not self._claim_slot(conn, key, owner, slot):
                         raise Refused("duplicate")
                     fence = self._upsert(conn, key, owner, _ms(ttl))
                     if fence is None:

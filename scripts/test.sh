@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian 12 machine (as root):
+#   bash scripts/test.sh
+# Installs what it needs (scripts/setup.sh), then runs every stage below and
+# fails if any stage fails (pytest's "no tests collected" included).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+
+stage() { printf '\n=== %s\n' "$*"; }
+
+stage "pytest: unit and integration (real redis-server and PostgreSQL on loopback)"
+pytest tests/unit tests/integration
+
+stage "all stages passed"

@@ -1,0 +1,130 @@
+"""Benchmarks of the runner and the lock round trips, measured side by side.
+
+Not part of the pass/fail suite. Each comparison interleaves its contenders
+in one run (A B C A B C ...) so machine noise hits all of them alike, and
+reports medians and ratios. Writes tests/bench/report.json.
+
+  python tests/bench/bench_lock.py [--rounds N]
+
+Targets (issue #2): `dlock run -- true` within 1.15x of interpreter + driver
+import; acquire+release within 1.3x of the same two calls on the bare client.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "plugins", "module_utils")]
+
+import servers  # noqa: E402
+from dlock.backends import open_backend  # noqa: E402
+
+
+def timed_commands(contenders, rounds, env):
+    """Median wall time of each command, interleaved round by round."""
+    samples = dict((name, []) for name in contenders)
+    for _ in range(rounds):
+        for name, argv in contenders.items():
+            start = time.perf_counter()
+            subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            samples[name].append(time.perf_counter() - start)
+    return dict((name, statistics.median(values)) for name, values in samples.items())
+
+
+def timed_calls(contenders, rounds):
+    samples = dict((name, []) for name in contenders)
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return dict((name, statistics.median(values)) for name, values in samples.items())
+
+
+def redis_round_trips(server, rounds):
+    engine = open_backend(server.url)
+    bare = server.client()
+
+    def ours():
+        assert engine.acquire("bench", "owner", 30).granted
+        assert engine.release("bench", "owner")
+
+    def raw():
+        assert bare.set("bench-raw", "owner", nx=True, px=30000)
+        bare.delete("bench-raw")
+    ours(), raw()  # load scripts, open connections
+    return timed_calls({"dlock acquire+release": ours, "redis-py SET NX PX + DEL": raw}, rounds)
+
+
+def pg_round_trips(server, rounds):
+    engine = open_backend(server.url())
+    import psycopg
+    bare = psycopg.connect(server.url().replace("postgresql://", "postgresql://"), autocommit=True,
+                           prepare_threshold=None)
+    bare.execute("CREATE TABLE IF NOT EXISTS bench_raw (key text PRIMARY KEY, owner text, expires_at timestamptz)")
+
+    def ours():
+        assert engine.acquire("bench", "owner", 30).granted
+        assert engine.release("bench", "owner")
+
+    def raw():
+        # The same two statements a hand-written lease would send.
+        bare.execute("INSERT INTO bench_raw VALUES ('k', 'owner', now() + interval '30 s') ON CONFLICT (key) "
+                     "DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at "
+                     "WHERE bench_raw.expires_at <= now() OR bench_raw.owner IS NULL RETURNING 1").fetchone()
+        bare.execute("UPDATE bench_raw SET owner = NULL, expires_at = now() WHERE key = 'k' AND owner = 'owner'")
+    ours(), raw()
+    return timed_calls({"dlock acquire+release": ours, "psycopg upsert + update": raw}, rounds)
+
+
+def runner_wall(url, driver, rounds):
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "module_utils"))
+    py = sys.executable
+    return timed_commands({
+        "dlock run -- true": [py, "-m", "dlock", "run", "--job", "bench", "--backend", url, "--", "true"],
+        "python -c 'import %s'" % driver: [py, "-c", "import " + driver],
+        "python -I -c pass": [py, "-I", "-c", "pass"],
+    }, rounds, env)
+
+
+def ratio_rows(medians, base):
+    return dict((name, {"median_ms": round(v * 1000, 3), "ratio_to_%s" % base: round(v / medians[base], 3)})
+                for name, v in medians.items())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args()
+    redis_server, pg_server = servers.RedisServer(), servers.PostgresServer()
+    report = {"rounds": args.rounds, "python": sys.version.split()[0]}
+    try:
+        report["runner_redis"] = ratio_rows(runner_wall(redis_server.url, "redis", args.rounds), "python -c 'import redis'")
+        report["runner_postgresql"] = ratio_rows(runner_wall(pg_server.url(), "psycopg", args.rounds),
+                                                 "python -c 'import psycopg'")
+        report["round_trip_redis"] = ratio_rows(redis_round_trips(redis_server, args.rounds * 20),
+                                                "redis-py SET NX PX + DEL")
+        report["round_trip_postgresql"] = ratio_rows(pg_round_trips(pg_server, args.rounds * 20),
+                                                     "psycopg upsert + update")
+    finally:
+        redis_server.stop()
+        pg_server.stop()
+    for section, rows in report.items():
+        if not isinstance(rows, dict):
+            continue
+        print(section)
+        for name, row in rows.items():
+            ratio = [v for k, v in row.items() if k.startswith("ratio")][0]
+            print("  %-32s %9.3f ms   x%.3f" % (name, row["median_ms"], ratio))
+    with open(os.path.join(HERE, "report.json"), "w") as handle:
+        json.dump(report, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
