@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 DEBS=(
   redis-server redis-tools postgresql          # real backends for the engine/module tests
   prometheus                                   # promtool: check metrics and rules
-  debootstrap systemd-container iproute2       # the lab: nspawn nodes in network namespaces
+  debootstrap systemd-container iproute2 iptables  # the lab: nspawn nodes in network namespaces
   openssh-client faketime chrony rsync git
   python3-venv
 )

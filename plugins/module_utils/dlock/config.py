@@ -117,12 +117,16 @@ def load_settings(flags, job=None, command=None, need_command=False):
 
     settings.backend_url = flags.get("backend") or global_cfg.get("backend")
     parse_url(settings.backend_url, "backend (--backend or %s)" % where if not flags.get("backend") else "--backend")
-    password_file = flags.get("password_file") or global_cfg.get("password_file")
+    # A flag wins; then the systemd credential (how job units running as any
+    # user get it); then the config's password_file (root at a terminal).
     credentials = os.environ.get("CREDENTIALS_DIRECTORY")
-    if password_file:
-        settings.password = read_secret(password_file, "--password-file" if flags.get("password_file") else where)
-    elif credentials and os.path.exists(os.path.join(credentials, CREDENTIAL_NAME)):
-        settings.password = read_secret(os.path.join(credentials, CREDENTIAL_NAME), "systemd credential")
+    credential = os.path.join(credentials, CREDENTIAL_NAME) if credentials else None
+    if flags.get("password_file"):
+        settings.password = read_secret(flags["password_file"], "--password-file")
+    elif credential and os.path.exists(credential):
+        settings.password = read_secret(credential, "systemd credential %s" % CREDENTIAL_NAME)
+    elif global_cfg.get("password_file"):
+        settings.password = read_secret(global_cfg["password_file"], where)
     settings.ca_file = flags.get("ca_file") or global_cfg.get("ca_file")
     settings.metrics_dir = flags.get("metrics_dir") or global_cfg.get("metrics_dir")
 

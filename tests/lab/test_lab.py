@@ -1,0 +1,176 @@
+"""The lab itself: nodes boot, talk to each other, and obey the fault controls."""
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from lab import Lab, LabError
+
+pytestmark = pytest.mark.lab
+
+
+def ping_failures(lab, node, addrs):
+    """Addresses the node cannot ping (one SSH round trip for all of them)."""
+    script = "; ".join(f"ping -c1 -W2 {a} >/dev/null || echo {a}" for a in addrs)
+    r = lab.ssh(node, script, check=True)
+    return r.stdout.split()
+
+
+def avg_rtt_ms(lab, node, addr):
+    out = lab.ssh(node, f"ping -c3 -i0.2 -q {addr}", check=True).stdout
+    return float(re.search(r"= [\d.]+/([\d.]+)/", out).group(1))
+
+
+def test_nodes_booted(lab):
+    assert len(lab.group("dlock_nodes")) >= 3
+    for node in lab.nodes:
+        assert lab.ssh(node, "systemctl is-system-running").stdout.strip() in ("running", "degraded")
+        assert lab.ssh(node, "hostname", check=True).stdout.strip() == node
+
+
+def test_up_again_reuses_everything(lab):
+    pids = [lab.pid(n) for n in lab.nodes]
+    started = time.monotonic()
+    lab.up(nodes=len(lab.group("dlock_nodes")), backend=bool(lab.group("dlock_backend")))
+    assert time.monotonic() - started < 10  # cached image, nothing to boot
+    assert [lab.pid(n) for n in lab.nodes] == pids
+
+
+def test_nodes_reach_each_other_and_the_host(lab):
+    addrs = [lab.addr(n) for n in lab.nodes] + [lab.host_addr] + lab.nodes  # names via /etc/hosts
+    for node in lab.nodes:
+        assert ping_failures(lab, node, addrs) == []
+
+
+def test_inventory(lab):
+    text = open(lab.inventory).read()
+    groups, group = {}, None
+    for line in text.splitlines():
+        if line.startswith("["):
+            group = groups.setdefault(line.strip("[]"), [])
+        elif line:
+            group.append(line)
+    for group in ("dlock_nodes", "dlock_backend"):
+        assert groups[group] == [f"{n} ansible_host={lab.addr(n)}" for n in lab.group(group)]
+    assert groups["all:vars"] == [
+        "ansible_user=root",
+        f"ansible_ssh_private_key_file={lab.key}",
+        "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null'",
+        "ansible_python_interpreter=/usr/bin/python3",
+    ]
+    if shutil.which("ansible"):
+        r = subprocess.run(["ansible", "-i", lab.inventory, "all", "-m", "ansible.builtin.ping"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.count("SUCCESS") == len(lab.nodes)
+
+
+def test_baked_packages_install_offline(lab):
+    node = lab.group("dlock_nodes")[0]
+    r = lab.ssh(node, "apt-get install -y redis-server postgresql chrony prometheus-node-exporter "
+                      "python3-redis python3-psycopg python3-apt")
+    assert r.returncode == 0, r.stderr
+    assert "0 newly installed" in r.stdout
+    assert lab.ssh(node, "systemctl is-enabled redis-server").stdout.strip() == "disabled"
+
+
+def test_crash_and_start(lab):
+    node = lab.group("dlock_nodes")[-1]
+    lab.ssh(node, "echo kept > /root/marker", check=True)
+    lab.crash(node)
+    assert lab.pid(node) is None
+    assert lab.ssh(node, "true", timeout=30).returncode == 255  # nothing answers any more
+    lab.start(node)
+    assert lab.ssh(node, "systemctl is-system-running").stdout.strip() in ("running", "degraded")
+    assert lab.ssh(node, "cat /root/marker", check=True).stdout.strip() == "kept"  # disk survives
+
+
+def test_stop_and_start(lab):
+    node = lab.group("dlock_nodes")[-1]
+    lab.stop(node)
+    assert lab.pid(node) is None
+    assert "Halting system" in open(os.path.join(lab.state_dir, f"{node}.log"), errors="replace").read()
+    lab.start(node)
+    boots = lab.ssh(node, "journalctl --list-boots --no-pager", check=True).stdout
+    assert len(re.findall(r"\b[0-9a-f]{32}\b", boots)) >= 2
+
+
+def test_partition_and_heal(lab):
+    node, other = lab.group("dlock_nodes")[1], lab.group("dlock_nodes")[0]
+    lab.partition(node)
+    try:
+        assert ping_failures(lab, other, [lab.addr(node)]) == [lab.addr(node)]
+        assert lab.ssh(node, "true", timeout=30).returncode == 255
+    finally:
+        lab.heal(node)
+    assert ping_failures(lab, other, [lab.addr(node)]) == []
+    assert lab.ssh(node, "true").returncode == 0
+
+
+def test_delay_and_loss(lab):
+    node, other = lab.group("dlock_nodes")[1], lab.group("dlock_nodes")[0]
+    try:
+        lab.delay(node, 200)
+        assert avg_rtt_ms(lab, other, lab.addr(node)) >= 200
+        assert [s["delay"] for s in lab.status() if s["name"] == node] == [{"ms": 200.0, "loss": 0.0}]
+        lab.delay(node, 0, loss=100)
+        assert ping_failures(lab, other, [lab.addr(node)]) == [lab.addr(node)]
+    finally:
+        lab.undelay(node)
+    assert avg_rtt_ms(lab, other, lab.addr(node)) < 50
+
+
+def test_pause_and_resume(lab):
+    node = lab.group("dlock_nodes")[0]
+    lab.ssh(node, "systemd-run --unit=lab-sleeper sleep 1000", check=True)
+    try:
+        assert len(lab.pause(node, r"sleep 1000")) == 1
+        assert lab.ssh(node, "ps -o stat= -C sleep", check=True).stdout.strip().startswith("T")
+        lab.resume(node, r"sleep 1000")
+        assert lab.ssh(node, "ps -o stat= -C sleep", check=True).stdout.strip().startswith("S")
+    finally:
+        lab.ssh(node, "systemctl stop lab-sleeper")
+
+
+def test_down_removes_everything(lab):
+    """A second, small lab goes away completely on `down`, even with a delay
+    helper running and an orphaned container (its nspawn killed alone), and the
+    session's lab is not touched."""
+    other = Lab(prefix="dlkd", subnet="10.77.2")
+    other.down()  # no-op on nothing
+    try:
+        assert other.up(nodes=1, backend=True) == ["dlkd-backend", "dlkd-n1"]
+        other.delay("n1", 10)
+        os.kill(other.pid("backend"), signal.SIGKILL)
+    finally:
+        other.down()
+    netns = json.loads(subprocess.run(["ip", "-j", "netns", "list"], capture_output=True,
+                                      text=True, check=True).stdout or "[]")
+    links = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True,
+                                      text=True, check=True).stdout)
+    assert [n["name"] for n in netns if n["name"].startswith("dlkd-")] == []
+    assert [link["ifname"] for link in links if link["ifname"].startswith("dlkd-")] == []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            text = open(cmdline, "rb").read()
+        except OSError:
+            continue
+        assert b"--machine=dlkd-" not in text and b"_netem\0dlkd-" not in text, cmdline
+    assert glob.glob("/sys/fs/cgroup/dlkd-*") + glob.glob("/sys/fs/cgroup/*/dlkd-*") == []
+    assert not os.path.exists("/run/dlkd-lab")
+    assert "dlkd-lab" not in open("/proc/self/mountinfo").read()
+    other.down()  # idempotent
+    assert all(lab.pid(n) for n in lab.nodes)  # the session lab still runs
+
+
+@pytest.mark.parametrize("prefix", ["Bad", "toolongprefix", "a-b"])
+def test_bad_prefix_is_refused(prefix):
+    with pytest.raises(LabError, match="prefix"):
+        Lab(prefix=prefix)
