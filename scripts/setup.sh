@@ -35,4 +35,8 @@ if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -c 'import ansible, redis, 
   .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
   touch .venv/.installed
 fi
+# ansible-playbook and molecule find the collection through build/ (a link
+# named ansible_collections/dlock/fleet pointing at this checkout).
+mkdir -p build/ansible_collections/dlock
+[[ -e build/ansible_collections/dlock/fleet ]] || ln -s ../../.. build/ansible_collections/dlock/fleet
 echo "setup: ready"

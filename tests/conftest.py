@@ -78,7 +78,7 @@ def dlock_argv(*args):
 def run_dlock(*args, env=None, timeout=60, **kwargs):
     """Run `python -m dlock ARGS` to completion; returns CompletedProcess (text)."""
     return subprocess.run(dlock_argv(*args), env=runner_env(env), capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
+                          timeout=timeout, check=False, **kwargs)
 
 
 def start_dlock(*args, env=None, **kwargs):

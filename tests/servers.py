@@ -133,7 +133,8 @@ class PostgresServer(object):
 
     def all_pids(self):
         """The postmaster and every child of it."""
-        out = subprocess.run(["pgrep", "-f", "-u", "postgres", ""], capture_output=True, text=True).stdout
+        out = subprocess.run(["pgrep", "-f", "-u", "postgres", ""], capture_output=True, text=True,
+                             check=False).stdout
         mine = []
         for pid in (int(p) for p in out.split()):
             try:
@@ -159,7 +160,7 @@ class PostgresServer(object):
             except OSError:
                 pass
         subprocess.run(["runuser", "-u", "postgres", "--", PG_BIN + "/pg_ctl", "-D", self.data, "-m", "immediate",
-                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:

@@ -32,7 +32,7 @@ def chrony_tracking():
         return None
     try:
         out = subprocess.run([chronyc, "-c", "tracking"], capture_output=True, text=True, timeout=5,
-                             env=dict(os.environ, LC_ALL="C"))
+                             env=dict(os.environ, LC_ALL="C"), check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     fields = out.stdout.strip().split(",")
