@@ -13,4 +13,13 @@ stage() { printf '\n=== %s\n' "$*"; }
 stage "pytest: unit and integration (real redis-server and PostgreSQL on loopback)"
 pytest tests/unit tests/integration
 
+stage "pytest: the lab fleet (systemd-nspawn nodes over SSH)"
+pytest tests/lab
+
+stage "molecule: the runner and jobs roles on the lab"
+molecule test -s default
+
+stage "ansible-lint --profile production"
+ansible-lint
+
 stage "all stages passed"

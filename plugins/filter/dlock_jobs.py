@@ -63,16 +63,16 @@ def _check_slot_window(job, where, defaults):
 def dlock_jobs(jobs, defaults=None):
     """Validated jobs, each with `file` (the job file's content) added."""
     if not isinstance(jobs, list):
-        raise AnsibleFilterError("dlock_jobs must be a list of job entries")
+        raise AnsibleFilterError("dlock_jobs_list must be a list of job entries")
     seen = set()
     result = []
     for index, job in enumerate(jobs):
-        where = "dlock_jobs[%d]" % index
+        where = "dlock_jobs_list[%d]" % index
         try:
             if not isinstance(job, dict):
                 raise ConfigError("%s: must be a mapping" % where)
             name = validate_job_name(job.get("name"))
-            where = "dlock_jobs[%d] (%s)" % (index, name)
+            where = "dlock_jobs_list[%d] (%s)" % (index, name)
             if name in seen:
                 raise ConfigError("%s: duplicate job name; each job needs its own name" % where)
             seen.add(name)

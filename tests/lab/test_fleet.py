@@ -47,7 +47,7 @@ BAD_JOBS = [
 @pytest.mark.parametrize("name,jobs,message", BAD_JOBS, ids=[c[0] for c in BAD_JOBS])
 def test_bad_jobs_fail_preflight_and_write_nothing(lab, backend, name, jobs, message):
     before = snapshot(lab)
-    done = ansible_playbook(lab, "playbooks/site.yml", {"dlock_backend": backend, "dlock_jobs": jobs}, check=False)
+    done = ansible_playbook(lab, "playbooks/site.yml", {"dlock_backend": backend, "dlock_jobs_list": jobs}, check=False)
     assert done.returncode != 0
     assert message in done.stdout, done.stdout[-3000:]
     assert snapshot(lab) == before
@@ -56,7 +56,7 @@ def test_bad_jobs_fail_preflight_and_write_nothing(lab, backend, name, jobs, mes
 def test_missing_backend_fails_preflight_and_writes_nothing(lab):
     before = snapshot(lab)
     done = ansible_playbook(lab, "playbooks/site.yml",
-                            {"dlock_jobs": [{"name": "ok", "command": ["true"], "schedule": "hourly"}]}, check=False)
+                            {"dlock_jobs_list": [{"name": "ok", "command": ["true"], "schedule": "hourly"}]}, check=False)
     assert done.returncode != 0 and "no backend" in done.stdout
     assert snapshot(lab) == before
 
@@ -75,12 +75,12 @@ def test_every_slot_runs_exactly_once_across_the_fleet(lab, backend):
         "randomized_delay": "1s", "accuracy": "100ms", "once_per": "%ds" % SLOT, "ttl": "4s",
         "max_clock_skew": "500ms", "environment": {"LEDGER_HOST": host},
     }
-    ansible_playbook(lab, "playbooks/site.yml", {"dlock_backend": backend, "dlock_jobs": [job]})
+    ansible_playbook(lab, "playbooks/site.yml", {"dlock_backend": backend, "dlock_jobs_list": [job]})
     try:
         time.sleep(SLOT * (SLOTS + 2))
     finally:
         ansible_playbook(lab, "playbooks/site.yml",
-                         {"dlock_backend": backend, "dlock_jobs": [{"name": "fleet-ledger", "state": "absent"}]})
+                         {"dlock_backend": backend, "dlock_jobs_list": [{"name": "fleet-ledger", "state": "absent"}]})
     runs = sorted((json.loads(r) for r in ledger.lrange("dlock:lab-ledger", 0, -1)), key=lambda r: r["start"])
     slots = [r["run_id"] for r in runs]
     assert len(runs) >= SLOTS, "only %d runs in %ds" % (len(runs), SLOT * (SLOTS + 2))
