@@ -139,6 +139,14 @@ def _jobs_to_show(settings, args):
     return [(name, load_settings(_flags(args), job=name).key) for name in names]
 
 
+def _ttl_cell(row):
+    if not row["held"]:
+        return "-"
+    if row["ttl_remaining"] is None:
+        return "session"  # an advisory lock or flock: held as long as its holder lives
+    return format_duration(row["ttl_remaining"])
+
+
 def cmd_status(args):
     settings = load_settings(_flags(args), job=args.job)
     backend = open_backend(settings.backend_url, settings.password, settings.options.op_timeout, settings.ca_file)
@@ -159,7 +167,7 @@ def cmd_status(args):
         table.append((
             row["job"], row["key"], row["owner"] or "-",
             "-" if row["age"] is None else format_duration(row["age"]),
-            "-" if row["ttl_remaining"] is None else ("session" if not row["held"] else format_duration(row["ttl_remaining"])),
+            _ttl_cell(row),
             str(row["fence"]),
             "-" if not last else "%s (exit %s) on %s" % (last.get("result"), last.get("exit_code"), last.get("host")),
         ))

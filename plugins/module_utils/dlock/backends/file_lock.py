@@ -82,7 +82,11 @@ class FileBackend(Backend):
         state.update(owner=owner, fence=state.get("fence", 0) + 1, acquired_at=time.time(), hold_until=None)
         if slot is not None:
             state["slot"] = slot.number
-        self._write_state(key, state)
+        try:
+            self._write_state(key, state)
+        except (IOError, OSError) as exc:
+            os.close(fd)
+            raise BackendError("file: cannot record the grant in %s (%s)" % (self.directory, exc))
         self._fds[key] = fd
         return Grant("granted", fence=state["fence"])
 
