@@ -2,17 +2,15 @@
 
 Makes the checkout importable as ansible_collections.dlock.fleet (a symlink
 under build/), and provides real redis-server / PostgreSQL instances on
-loopback and helpers to start the node runner as `python -m dlock`.
+loopback (runner_proc.py starts the node runner as `python -m dlock`).
 """
 
 import os
-import subprocess
 import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
 BUILD = os.path.join(ROOT, "build")
 
 _link = os.path.join(BUILD, "ansible_collections", "dlock", "fleet")
@@ -62,33 +60,3 @@ def unique_key(request):
     import re
     import uuid
     return "t-%s-%s" % (re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:60].strip("-"), uuid.uuid4().hex[:6])
-
-
-def runner_env(extra=None):
-    env = dict(os.environ, PYTHONPATH=MODULE_UTILS, PYTHONDONTWRITEBYTECODE="1")
-    env.pop("CREDENTIALS_DIRECTORY", None)
-    env.update(extra or {})
-    return env
-
-
-def dlock_argv(*args):
-    return [sys.executable, "-m", "dlock"] + list(args)
-
-
-def run_dlock(*args, env=None, timeout=60, **kwargs):
-    """Run `python -m dlock ARGS` to completion; returns CompletedProcess (text)."""
-    return subprocess.run(dlock_argv(*args), env=runner_env(env), capture_output=True, text=True,
-                          timeout=timeout, check=False, **kwargs)
-
-
-def start_dlock(*args, env=None, **kwargs):
-    return subprocess.Popen(dlock_argv(*args), env=runner_env(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
-
-
-def last_log(stderr):
-    """The run's JSON log line from the runner's stderr."""
-    import json
-    lines = [line for line in stderr.splitlines() if line.startswith("{")]
-    assert lines, "no JSON log line in stderr: %r" % stderr
-    return json.loads(lines[-1])

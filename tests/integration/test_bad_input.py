@@ -5,7 +5,7 @@ import json
 import os
 
 import pytest
-from conftest import run_dlock
+from runner_proc import run_dlock
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import last_log, run_dlock, start_dlock
+from runner_proc import last_log, run_dlock, start_dlock
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
 
