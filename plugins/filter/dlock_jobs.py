@@ -10,7 +10,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import validate_key
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.config import ENV_NAME, validate_job_name
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.durations import parse_duration
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.durations import format_duration, parse_duration
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES, LockOptions
 
@@ -55,9 +55,9 @@ def _check_slot_window(job, where, defaults):
     delay = parse_duration(job.get("randomized_delay") or 0, "%s: randomized_delay" % where)
     skew = parse_duration(job.get("max_clock_skew") or defaults.get("max_clock_skew") or 2, "%s: max_clock_skew" % where)
     if delay + skew >= once_per / 2:
-        raise ConfigError("%s: randomized_delay (%ss) + max_clock_skew (%ss) must stay below half of once_per "
-                          "(%ss), or nodes that fire in the same slot could see different slots"
-                          % (where, delay, skew, once_per))
+        raise ConfigError("%s: randomized_delay (%s) + max_clock_skew (%s) must stay below half of once_per "
+                          "(%s), or nodes that fire in the same slot could see different slots"
+                          % (where, format_duration(delay), format_duration(skew), format_duration(once_per)))
 
 
 def dlock_jobs(jobs, defaults=None):
