@@ -29,7 +29,7 @@ from dlock.backends import open_backend  # noqa: E402
 def timed_commands(contenders, rounds, env):
     """Median wall time of each command, interleaved round by round."""
     samples = dict((name, []) for name in contenders)
-    for _ in range(rounds):
+    for _round in range(rounds):
         for name, argv in contenders.items():
             start = time.perf_counter()
             subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
@@ -39,7 +39,7 @@ def timed_commands(contenders, rounds, env):
 
 def timed_calls(contenders, rounds):
     samples = dict((name, []) for name in contenders)
-    for _ in range(rounds):
+    for _round in range(rounds):
         for name, fn in contenders.items():
             start = time.perf_counter()
             fn()

@@ -52,7 +52,7 @@ def test_concurrent_runners_exactly_one_runs(every_backend, unique_key, tmp_path
         # min_hold keeps the round's lock after the fast job, so a runner that
         # starts late (2 cores, 5 interpreters) still finds it taken.
         procs = [start_dlock(*_args(every_backend, key, "--min-hold", "20s", "--", *JOB, "interval", ledger, "0.2"))
-                 for _ in range(5)]
+                 for _runner in range(5)]
         codes = sorted(p.wait(60) for p in procs)
         assert codes == [0, 73, 73, 73, 73], codes
     assert len(lines(ledger)) == 6
@@ -64,7 +64,7 @@ def test_waiting_runners_never_overlap_and_fences_increase(every_backend, unique
     for _round in range(2):
         procs = [start_dlock(*_args(every_backend, unique_key, "--on-contention", "wait", "--wait-timeout", "60s",
                                     "--", *JOB, "interval", ledger, "0.15"))
-                 for _ in range(5)]
+                 for _runner in range(5)]
         assert [p.wait(90) for p in procs] == [0] * 5
     runs = sorted(lines(ledger), key=lambda r: r["start"])
     assert len(runs) == 10
@@ -321,5 +321,6 @@ def test_metrics_are_written_atomically_and_pass_promtool(redis_server, unique_k
     assert 'dlock_runs_total{job="%s",result="success"} 2' % job in text
     assert 'dlock_runs_total{job="%s",result="failed"} 1' % job in text
     assert 'dlock_lock_held{job="%s"} 0' % job in text
-    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
+                           check=False)
     assert check.returncode == 0, check.stdout + check.stderr

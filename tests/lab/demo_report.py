@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Prints which node ran each slot of a job, from the nodes' own journals.
 
   python3 tests/lab/demo_report.py [--job demo-tick] [--since '2 min ago']
@@ -52,8 +51,8 @@ def main():
         twice += len(ran) > 1
         run_id = ran[0][2] if ran else None
         rows.append((run_id.split("@")[1] if run_id else "slot %d" % number,
-                     ", ".join(host for host, _, _ in ran) or "-",
-                     ", ".join(str(fence) for _, fence, _ in ran) or "-",
+                     ", ".join(run[0] for run in ran) or "-",
+                     ", ".join(str(run[1]) for run in ran) or "-",
                      ", ".join(sorted(entry["skipped"])) or "-",
                      ", ".join(entry["other"]) or ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The dlock lab: a real fleet of systemd-nspawn nodes on one machine.
 
 Every node boots real systemd in its own network namespace, with its own
@@ -96,7 +95,7 @@ class LabError(Exception):
 
 def run(argv, check=True, **kwargs):
     """Run a host command, capturing text output; raise LabError on failure."""
-    r = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+    r = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
     if check and r.returncode != 0:
         raise LabError(f"{shlex.join(argv)} exited {r.returncode}: {r.stderr.strip()}")
     return r
@@ -152,7 +151,7 @@ def cgroup_roots():
     roots = []
     with open("/proc/self/mounts") as f:
         for line in f:
-            _, point, fstype, options = line.split()[:4]
+            point, fstype, options = line.split()[1:4]
             if fstype == "cgroup2" or (fstype == "cgroup" and "name=systemd" in options.split(",")):
                 roots.append(point)
     return roots
@@ -161,7 +160,7 @@ def cgroup_roots():
 def cgroup_pids(name):
     pids = set()
     for root in cgroup_roots():
-        for dirpath, _, files in os.walk(os.path.join(root, name)):
+        for dirpath, _dirs, files in os.walk(os.path.join(root, name)):
             if "cgroup.procs" in files:
                 try:
                     with open(os.path.join(dirpath, "cgroup.procs")) as f:
@@ -191,7 +190,7 @@ def kill_cgroup(name):
 def remove_cgroup(name):
     kill_cgroup(name)
     for root in cgroup_roots():
-        for dirpath, _, _ in os.walk(os.path.join(root, name), topdown=False):
+        for dirpath, _dirs, _files in os.walk(os.path.join(root, name), topdown=False):
             try:
                 os.rmdir(dirpath)
             except FileNotFoundError:
@@ -382,7 +381,7 @@ class Lab:
         """Node names found on the system by prefix, whatever the state file says."""
         names = set(self.nodes)
         mark = f"--machine={self.prefix}-"
-        names.update(a[len("--machine="):] for _, argv in processes() for a in argv if a.startswith(mark))
+        names.update(a[len("--machine="):] for _pid, argv in processes() for a in argv if a.startswith(mark))
         names.update(self._netns_names())
         for root in cgroup_roots():
             names.update(os.path.basename(p) for p in glob.glob(os.path.join(root, f"{self.prefix}-*")))
@@ -665,7 +664,7 @@ class Lab:
         rule = ["INPUT", "-i", "eth0", "-j", "NFQUEUE", "--queue-num", "0", "--queue-bypass"]
         while run(["ip", "netns", "exec", name, "iptables", "-w", "-C", *rule], check=False).returncode == 0:
             run(["ip", "netns", "exec", name, "iptables", "-w", "-D", *rule])
-        for pid, _ in self._netem_helpers(name):
+        for pid, _argv in self._netem_helpers(name):
             os.kill(pid, signal.SIGKILL)
 
     def _netem_helpers(self, name):
@@ -713,7 +712,7 @@ class Lab:
         if not isinstance(command, str):
             command = shlex.join(command)
         r = subprocess.run(self.ssh_argv(node) + [command], input=input, capture_output=True,
-                           text=True, timeout=timeout)
+                           text=True, timeout=timeout, check=False)
         if check and r.returncode != 0:
             raise LabError(f"{node}: {command!r} exited {r.returncode}: {r.stderr.strip()}")
         return r

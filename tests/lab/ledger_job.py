@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """A lab job that records its run in a ledger on the backend Redis:
 RPUSH dlock:lab-ledger {host, run_id, fence, start, end}.
 

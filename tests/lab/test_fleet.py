@@ -68,10 +68,10 @@ def test_every_slot_runs_exactly_once_across_the_fleet(lab, backend):
     ledger = redis.Redis(host=host, password=backend["password"], decode_responses=True)
     ledger.delete("dlock:lab-ledger")
     for node in lab.group("dlock_nodes"):
-        lab.ssh(node, "install -m 0755 /dev/stdin /usr/local/bin/dlock-lab-ledger", check=True,
+        lab.ssh(node, "install -m 0644 /dev/stdin /usr/local/lib/dlock-lab-ledger.py", check=True,
                 input=open(__file__.replace("test_fleet.py", "ledger_job.py")).read())
     job = {
-        "name": "fleet-ledger", "command": ["/usr/local/bin/dlock-lab-ledger"], "schedule": "*:*:0/%d" % SLOT,
+        "name": "fleet-ledger", "command": ["/usr/bin/python3", "/usr/local/lib/dlock-lab-ledger.py"], "schedule": "*:*:0/%d" % SLOT,
         "randomized_delay": "1s", "accuracy": "100ms", "once_per": "%ds" % SLOT, "ttl": "4s",
         "max_clock_skew": "500ms", "environment": {"LEDGER_HOST": host},
     }

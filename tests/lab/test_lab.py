@@ -67,7 +67,7 @@ def test_inventory(lab):
     ]
     if shutil.which("ansible"):
         r = subprocess.run(["ansible", "-i", lab.inventory, "all", "-m", "ansible.builtin.ping"],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=120, check=False)
         assert r.returncode == 0, r.stdout + r.stderr
         assert r.stdout.count("SUCCESS") == len(lab.nodes)
 

@@ -1,0 +1,273 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2025, dlock.fleet developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+"""Controller side of dlock.fleet.dlock.
+
+Fills backend options from the inventory variable dlock_backend, gives every
+task of one ansible-playbook run the same owner token, runs the lock
+operation in the controller's Python (or the module on the target with
+run_on=target), and for hold=true starts a renewer process that keeps the
+lease for the rest of the run (plugins/module_utils/dlock/hold.py).
+
+Per-run files live in ansible-playbook's local temp dir (C.DEFAULT_LOCAL_TMP,
+ansible-local-PID...), which it removes when it exits normally: the owner
+token, and per held key a lock file, the renewer's state and its log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from contextlib import contextmanager
+
+from ansible import constants as C
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.common.parameters import remove_values
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.dlock.fleet.plugins.module_utils import dlock as engine
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.config import read_secret
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.durations import parse_duration
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.hold import process_start
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_args import (
+    BACKEND_FIELDS, BACKEND_VAR, MUTUALLY_EXCLUSIVE, REQUIRED_IF, argument_spec)
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import LockFailed, check_backend_url
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import run as run_lock
+
+display = Display()
+
+MODULE = "dlock.fleet.dlock"
+RENEWER_START_SECONDS = 30.0
+
+
+def merge_backend(args, backend):
+    """Task args completed from the dlock_backend variable (a mapping, or a URL)."""
+    if backend is None:
+        return dict(args)
+    if isinstance(backend, str):
+        backend = {"url": backend}
+    if not isinstance(backend, Mapping):
+        raise ConfigError("%s: must be a mapping (url, password, password_file, ca_file, op_timeout) or a URL"
+                          % BACKEND_VAR)
+    unknown = sorted(set(backend) - set(BACKEND_FIELDS))
+    if unknown:
+        raise ConfigError("%s: unknown key(s) %s (allowed: %s)"
+                          % (BACKEND_VAR, ", ".join(unknown), ", ".join(sorted(BACKEND_FIELDS))))
+    merged = dict(args)
+    # A password or password file on the task replaces both of the inventory's.
+    own_credentials = args.get("backend_password") is not None or args.get("backend_password_file") is not None
+    for field, option in BACKEND_FIELDS.items():
+        if own_credentials and field in ("password", "password_file"):
+            continue
+        if merged.get(option) is None and backend.get(field) is not None:
+            merged[option] = backend[field]
+    return merged
+
+
+def run_owner(run_dir):
+    """The owner token of this ansible-playbook run, made by its first dlock task."""
+    path = os.path.join(run_dir, "dlock-owner")
+    if not os.path.exists(path):
+        # Workers are forked by ansible-playbook: the parent pid is the run's.
+        token = "ansible@%s:%d:%s" % (socket.gethostname(), os.getppid(), secrets.token_hex(12))
+        tmp = "%s.%d" % (path, os.getpid())
+        with open(tmp, "w") as handle:
+            handle.write(token)
+        try:
+            os.link(tmp, path)  # atomic: the first of concurrent workers wins
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    with open(path) as handle:
+        return handle.read()
+
+
+def _is_renewer(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return b"dlock.hold" in handle.read() and process_start(pid) is not None
+    except (IOError, OSError):
+        if os.path.isdir("/proc/self"):
+            return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+class RunHold(object):
+    """The renewer of one key for this playbook run, and its files in the run dir."""
+
+    def __init__(self, run_dir, key):
+        base = os.path.join(run_dir, "dlock-hold-%s" % key)
+        self.key = key
+        self.state_file = base + ".json"
+        self.lock_file = base + ".lock"
+        self.log_file = base + ".log"
+
+    @contextmanager
+    def locked(self):
+        """Serialise this run's tasks on the key (several hosts without run_once)."""
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def state(self):
+        try:
+            with open(self.state_file) as handle:
+                return json.load(handle)
+        except (IOError, OSError, ValueError):
+            return None
+
+    def running(self):
+        state = self.state()
+        if state and state.get("status") in ("starting", "holding") and _is_renewer(state["pid"]):
+            return state
+        return None
+
+    def lost(self):
+        """Why an earlier hold of this run ended without a release, if it did (told once)."""
+        state = self.state()
+        if state and state.get("status") in ("lost", "expiring"):
+            os.unlink(self.state_file)
+            return state.get("error") or state["status"]
+        return None
+
+    def start(self, settings, timeout=RENEWER_START_SECONDS):
+        """Start the renewer; settings go on its stdin (they hold the password)."""
+        module_utils = os.path.dirname(os.path.dirname(os.path.abspath(engine.__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([module_utils] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        with open(self.log_file, "ab") as log:
+            # Own session: a Ctrl-C of ansible-playbook's terminal must not reach it.
+            proc = subprocess.Popen([sys.executable, "-m", "dlock.hold", self.key], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=log, env=env, cwd="/",
+                                    start_new_session=True, close_fds=True)
+        proc.stdin.write(json.dumps(settings).encode("utf-8"))
+        proc.stdin.close()
+        ready = select.select([proc.stdout], [], [], timeout)[0]
+        line = proc.stdout.readline() if ready else b""
+        proc.stdout.close()
+        try:
+            answer = json.loads(line.decode("utf-8"))
+        except ValueError:
+            answer = {"error": "no answer within %ds (see %s)" % (timeout, self.log_file)}
+        if "error" in answer:
+            proc.kill()
+            proc.wait()
+            raise LockFailed("hold: the renewer did not start: %s; the lease expires within its ttl"
+                             % answer["error"])
+        return proc.pid
+
+    def stop(self, timeout):
+        """Stop a running renewer without releasing; True if there was one."""
+        state = self.running()
+        if state is None:
+            return False
+        pid = state["pid"]
+        os.kill(pid, signal.SIGTERM)
+        give_up = time.monotonic() + timeout
+        while _is_renewer(pid):
+            if time.monotonic() > give_up:
+                os.kill(pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        return True
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+    _supports_async = False
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super(ActionModule, self).run(tmp, task_vars)
+        del tmp
+        hidden = set()
+        try:
+            args = merge_backend(self._task.args, self._templar.template(task_vars.get(BACKEND_VAR)))
+            if args.get("backend_password"):
+                hidden.add(args["backend_password"])
+            validation = ArgumentSpecValidator(argument_spec(), mutually_exclusive=MUTUALLY_EXCLUSIVE,
+                                               required_if=REQUIRED_IF).validate(args)
+            if validation.error_messages:
+                raise ConfigError("; ".join(validation.error_messages))
+            params = validation.validated_parameters
+            params["owner"] = params["owner"] or run_owner(C.DEFAULT_LOCAL_TMP)
+            if params["run_on"] == "target":
+                result.update(self._on_target(args, params, task_vars))
+            else:
+                result.update(self._on_controller(params, hidden))
+        except LockFailed as exc:
+            result.update(exc.result, failed=True, msg=exc.msg)
+        except ConfigError as exc:
+            result.update(failed=True, msg=str(exc))
+        return remove_values(result, hidden)
+
+    def _on_target(self, args, params, task_vars):
+        if params["hold"]:
+            raise ConfigError("hold: runs on the controller only (the renewer lives there); not with run_on=target")
+        check_backend_url(params["backend_url"])  # before the URL travels in the module's arguments
+        display.vvv("dlock: %s on %s from the target as %s" % (params["key"], params["backend_url"], params["owner"]))
+        return self._execute_module(module_name=MODULE, module_args=dict(args, owner=params["owner"]),
+                                    task_vars=task_vars)
+
+    def _on_controller(self, params, hidden):
+        check_mode, diff = bool(self._task.check_mode), bool(self._task.diff)
+        if params["backend_password_file"]:
+            # Read here, so the renewer gets it on stdin and results can be scrubbed of it.
+            params["backend_password"] = read_secret(params["backend_password_file"], "backend_password_file")
+            params["backend_password_file"] = None
+            hidden.add(params["backend_password"])
+        display.vvv("dlock: %s on %s from the controller as %s"
+                    % (params["key"], params["backend_url"], params["owner"]))
+        if params["state"] == "query":
+            return run_lock(params, check_mode, diff)
+        if params["hold"] and 3 * parse_duration(params["op_timeout"], "op_timeout") > parse_duration(params["ttl"], "ttl"):
+            raise ConfigError("hold: op_timeout must be at most ttl/3, the renewal interval")
+        hold = RunHold(C.DEFAULT_LOCAL_TMP, params["key"])
+        with hold.locked():
+            lost = hold.lost()
+            if params["state"] == "released":
+                if not check_mode:
+                    hold.stop(parse_duration(params["op_timeout"], "op_timeout") + 3.0)
+                result = run_lock(params, check_mode, diff)
+            else:
+                result = run_lock(params, check_mode, diff)
+                if params["hold"]:
+                    self._hold(hold, params, result, check_mode)
+        if lost:
+            result.setdefault("warnings", []).append("the hold of %s ended before this task: %s" % (params["key"], lost))
+        return result
+
+    def _hold(self, hold, params, result, check_mode):
+        if hold.running() is not None:
+            return
+        if check_mode:
+            result["msg"] += "; would hold it for the rest of the run"
+            return
+        hold.start(dict(
+            url=params["backend_url"], password=params["backend_password"], ca_file=params["ca_file"],
+            op_timeout=parse_duration(params["op_timeout"], "op_timeout"), key=params["key"],
+            owner=params["owner"], ttl=parse_duration(params["ttl"], "ttl"), pid=os.getppid(),
+            run_dir=C.DEFAULT_LOCAL_TMP, state_file=hold.state_file))
+        result["changed"] = True
+        result["msg"] += "; held for the rest of the run"

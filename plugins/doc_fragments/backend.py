@@ -1,0 +1,53 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2025, dlock.fleet developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+
+class ModuleDocFragment(object):
+    # Backend connection options, shared by everything that talks to a lock backend.
+    DOCUMENTATION = r"""
+options:
+  backend_url:
+    description:
+      - URL of the lock backend.
+      - V(redis://[user@]host[:port][/db]), V(rediss://...) (TLS), V(postgresql://user@host/db)
+        (lease table), V(postgresql+advisory://...) or V(file:///dir).
+      - Never put a password in the URL; use O(backend_password) or O(backend_password_file).
+      - Defaults to C(url) of the inventory variable C(dlock_backend).
+    type: str
+  backend_password:
+    description:
+      - Password of the backend user.
+      - Defaults to C(password) of the inventory variable C(dlock_backend).
+      - Never shown in results, diffs, warnings or logs.
+    type: str
+  backend_password_file:
+    description:
+      - File holding the backend password (one line), read on the host that runs the lock
+        operation (the controller unless O(run_on=target)).
+      - Defaults to C(password_file) of the inventory variable C(dlock_backend).
+    type: path
+  ca_file:
+    description:
+      - CA bundle to verify the backend's TLS certificate (V(rediss://), PostgreSQL C(sslmode=verify-full)).
+      - Defaults to C(ca_file) of the inventory variable C(dlock_backend).
+    type: path
+  op_timeout:
+    description:
+      - Bound of one backend call (connect, query).
+      - Seconds, or a duration such as V(500ms) or V(5s).
+      - Defaults to C(op_timeout) of the inventory variable C(dlock_backend), else V(2).
+    type: raw
+    default: 2
+notes:
+  - The backend options can be set once for a group of hosts in the inventory variable C(dlock_backend),
+    a mapping with the keys C(url), C(password), C(password_file), C(ca_file) and C(op_timeout)
+    (or a plain URL string). Options given on the task override it field by field; a password or
+    password file on the task replaces both of them.
+requirements:
+  - redis >= 4.3 (Python package) for V(redis://) and V(rediss://) backends.
+  - psycopg >= 3.1 (Python package) for V(postgresql://) backends.
+  - On the host that runs the lock operation, the controller unless O(run_on=target).
+"""

@@ -1,0 +1,75 @@
+"""Runs real `ansible` and `ansible-playbook` for the module's integration tests.
+
+The collection is found through build/ansible_collections (tests/conftest.py
+links the checkout there); every Ansible object writes its own inventory,
+whose hosts are local connections using this Python, and whose dlock_backend
+points at the backend under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+PLAYBOOKS = os.path.join(HERE, "playbooks")
+BIN = os.path.dirname(sys.executable)
+
+
+def ansible_env(extra=None):
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "build"),
+               ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_HOST_KEY_CHECKING="false",
+               ANSIBLE_RETRY_FILES_ENABLED="false", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("ANSIBLE_CONFIG", None)
+    env.update(extra or {})
+    return env
+
+
+class Ansible(object):
+    """Runs ansible / ansible-playbook with an inventory of local hosts."""
+
+    def __init__(self, tmp_path, backend):
+        self.dir = tmp_path
+        self.inventory = str(tmp_path / "inventory.yml")
+        hostvars = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+        group = {"hosts": {"h1": dict(hostvars), "h2": dict(hostvars)}, "vars": {"dlock_backend": backend}}
+        local = {"localhost": dict(hostvars)}
+        with open(self.inventory, "w") as handle:
+            yaml.safe_dump({"all": {"hosts": local, "vars": {"dlock_backend": backend},
+                                    "children": {"lockers": group}}}, handle)
+
+    def playbook_argv(self, playbook, extra_vars=None, *options):
+        path = playbook if os.path.isabs(playbook) else os.path.join(PLAYBOOKS, playbook)
+        return [os.path.join(BIN, "ansible-playbook"), "-i", self.inventory, path,
+                "-e", json.dumps(extra_vars or {})] + list(options)
+
+    def playbook(self, playbook, extra_vars=None, *options, timeout=120):
+        return subprocess.run(self.playbook_argv(playbook, extra_vars, *options), env=ansible_env(),
+                              capture_output=True, text=True, timeout=timeout, check=False)
+
+    def start_playbook(self, playbook, extra_vars=None, *options):
+        # Own session: the test can clean up the workers of a SIGKILLed run.
+        return subprocess.Popen(self.playbook_argv(playbook, extra_vars, *options), env=ansible_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+
+    def adhoc(self, args, *options):
+        """`ansible localhost -m dlock.fleet.dlock -a ARGS`: (rc, result dict, output)."""
+        out = subprocess.run([os.path.join(BIN, "ansible"), "localhost", "-i", self.inventory,
+                              "-m", "dlock.fleet.dlock", "-a", args] + list(options),
+                             env=ansible_env(), capture_output=True, text=True, timeout=60, check=False)
+        text = out.stdout + out.stderr
+        # "localhost | SUCCESS => {...}"; a failure is preceded by an error report.
+        body = out.stdout.split(" => ", 1)[1] if " => " in out.stdout else "{}"
+        return out.returncode, json.loads(body), text
+
+
+def assert_ok(proc):
+    out = getattr(proc, "stdout", "") or ""
+    assert proc.returncode == 0, out + (getattr(proc, "stderr", "") or "")
