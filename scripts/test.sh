@@ -13,6 +13,12 @@ stage() { printf '\n=== %s\n' "$*"; }
 stage "pytest: unit and integration (real redis-server and PostgreSQL on loopback)"
 pytest tests/unit tests/integration
 
+stage "ansible-test sanity (every test that applies, no ignore file)"
+bash scripts/ansible-test.sh sanity
+
+stage "ansible-test units (module, action plugin, engine; every Python found)"
+bash scripts/ansible-test.sh units
+
 stage "pytest: the lab fleet (systemd-nspawn nodes over SSH)"
 pytest tests/lab
 
