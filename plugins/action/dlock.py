@@ -96,17 +96,13 @@ def run_owner(run_dir):
 
 
 def _is_renewer(pid):
+    if process_start(pid) is None:  # gone, or a zombie
+        return False
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as handle:
-            return b"dlock.hold" in handle.read() and process_start(pid) is not None
+            return b"dlock.hold" in handle.read()
     except (IOError, OSError):
-        if os.path.isdir("/proc/self"):
-            return False
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+        return not os.path.isdir("/proc/self")  # no /proc: existence is all we can check
 
 
 class RunHold(object):
