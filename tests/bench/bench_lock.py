@@ -65,8 +65,7 @@ def redis_round_trips(server, rounds):
 def pg_round_trips(server, rounds):
     engine = open_backend(server.url())
     import psycopg
-    bare = psycopg.connect(server.url().replace("postgresql://", "postgresql://"), autocommit=True,
-                           prepare_threshold=None)
+    bare = psycopg.connect(server.url(), autocommit=True, prepare_threshold=None)
     bare.execute("CREATE TABLE IF NOT EXISTS bench_raw (key text PRIMARY KEY, owner text, expires_at timestamptz)")
 
     def ours():
@@ -74,11 +73,15 @@ def pg_round_trips(server, rounds):
         assert engine.release("bench", "owner")
 
     def raw():
-        # The same two statements a hand-written lease would send.
-        bare.execute("INSERT INTO bench_raw VALUES ('k', 'owner', now() + interval '30 s') ON CONFLICT (key) "
-                     "DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at "
-                     "WHERE bench_raw.expires_at <= now() OR bench_raw.owner IS NULL RETURNING 1").fetchone()
-        bare.execute("UPDATE bench_raw SET owner = NULL, expires_at = now() WHERE key = 'k' AND owner = 'owner'")
+        # The two statements a hand-written lease would send, with the key,
+        # owner and TTL as parameters as any application passes them.
+        assert bare.execute(
+            "INSERT INTO bench_raw VALUES (%s, %s, now() + %s * interval '1 millisecond') ON CONFLICT (key) "
+            "DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at "
+            "WHERE bench_raw.expires_at <= now() OR bench_raw.owner IS NULL RETURNING 1",
+            ("k", "owner", 30000)).fetchone()
+        bare.execute("UPDATE bench_raw SET owner = NULL, expires_at = now() WHERE key = %s AND owner = %s",
+                     ("k", "owner"))
     ours(), raw()
     return timed_calls({"dlock acquire+release": ours, "psycopg upsert + update": raw}, rounds)
 
