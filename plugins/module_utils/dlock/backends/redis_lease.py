@@ -25,8 +25,10 @@ except ImportError:
 # effects replication, the default since Redis 5).
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
 
+# KEYS[3], the slot marker, is passed only with once_per: an ACL limited to
+# ~dlock:* refuses any other key name, the empty one included.
 ACQUIRE = _NOW + """
-if KEYS[3] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
   return {'duplicate', redis.call('GET', KEYS[3])}
 end
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'acquired_ms')
@@ -36,7 +38,7 @@ end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, 'acquired_ms', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if KEYS[3] ~= '' then
+if KEYS[3] then
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
 end
 return {'granted', fence}
@@ -117,11 +119,11 @@ class RedisBackend(Backend):
 
     def acquire(self, key, owner, ttl, slot=None):
         lease, fence, _last = _keys(key)
-        slot_key, marker_ms = "", 0
+        keys, marker_ms = [lease, fence], 0
         if slot is not None:
-            slot_key = "dlock:{%s}:slot:%d" % (key, slot.number)
+            keys.append("dlock:{%s}:slot:%d" % (key, slot.number))
             marker_ms = int(slot.marker_ttl * 1000)
-        reply = self._script(ACQUIRE, [lease, fence, slot_key], [owner, int(ttl * 1000), marker_ms])
+        reply = self._script(ACQUIRE, keys, [owner, int(ttl * 1000), marker_ms])
         status = reply[0]
         if status == "granted":
             return Grant("granted", fence=int(reply[1]))

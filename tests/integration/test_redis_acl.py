@@ -1,0 +1,59 @@
+"""The engine under the ACL that the dlock_redis role gives the runners.
+
+The user is built from the role's own variables (roles/dlock_redis/vars/main.yml:
+the key pattern and the command list), so a command the engine starts to send,
+or a key it starts to touch, fails here before it fails on a fleet.
+"""
+
+import os
+import time
+
+import pytest
+import yaml
+from redis.exceptions import NoPermissionError
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
+
+ROLE_VARS = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "dlock_redis", "vars", "main.yml")
+PASSWORD = "acl-test-password-0123"
+
+
+@pytest.fixture
+def acl_redis(own_redis):
+    with open(ROLE_VARS) as handle:
+        role = yaml.safe_load(handle)
+    admin = own_redis.client()
+    rules = ["reset", "on", ">" + PASSWORD, "~" + role["__dlock_redis_key_pattern"], "resetchannels", "-@all"]
+    rules += ["+" + command for command in role["__dlock_redis_acl_commands"]]
+    admin.execute_command("ACL", "SETUSER", "dlock", *rules)
+    admin.execute_command("ACL", "LOG", "RESET")
+    url = "redis://dlock@127.0.0.1:%d/0" % own_redis.port
+    backend = open_backend(url, password=PASSWORD)
+    yield backend, admin
+    backend.close()
+
+
+def test_every_engine_call_passes_the_role_acl(acl_redis, unique_key):
+    backend, admin = acl_redis
+    admin.script_flush()  # the first grant recovers from NOSCRIPT: SCRIPT LOAD + EVALSHA
+    assert backend.acquire(unique_key, "owner-a", 5).granted  # no once_per: two keys only
+    assert backend.acquire(unique_key, "owner-b", 5).status == "locked"
+    assert backend.renew(unique_key, "owner-a", 5)
+    assert backend.query(unique_key).owner == "owner-a"
+    assert backend.release(unique_key, "owner-a", last={"result": "success"})
+    slot = Slot(int(time.time()) // 60, marker_ttl=120)
+    assert backend.acquire(unique_key, "owner-a", 5, slot).granted  # with once_per: the slot marker too
+    assert backend.release(unique_key, "owner-a")
+    assert backend.acquire(unique_key, "owner-b", 5, slot).status == "duplicate"
+    assert backend.acquire(unique_key, "owner-c", 5).granted
+    assert backend.force_release(unique_key).owner == "owner-c"
+    assert backend.server_time() > 0
+    assert admin.execute_command("ACL", "LOG") == [], "the ACL refused a call the engine made"
+
+
+def test_the_acl_refuses_what_the_engine_never_needs(acl_redis):
+    backend, _admin = acl_redis
+    for command in (["FLUSHALL"], ["KEYS", "*"], ["CONFIG", "GET", "maxmemory"], ["GET", "otherapp:x"],
+                    ["EVAL", "return 1", "0"]):
+        with pytest.raises(NoPermissionError):
+            backend.client.execute_command(*command)
