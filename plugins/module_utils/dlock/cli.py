@@ -1,4 +1,4 @@
-"""Command line of the node runner: dlock run | status | release | check-clock."""
+"""Command line of the node runner: dlock run | status | release | check-clock | metrics."""
 
 import argparse
 import json
@@ -6,11 +6,11 @@ import socket
 import sys
 import time
 
-from . import __version__, clock, report
+from . import __version__, clock, lockstate, report
 from .backends import open_backend
 from .config import load_settings
 from .durations import format_duration
-from .errors import EXIT_CLOCK, EXIT_CONFIG, ConfigError, DlockError
+from .errors import EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
 from .runner import run
 
 DESCRIPTION = """\
@@ -116,6 +116,21 @@ def build_parser():
     clock_p.add_argument("--max-skew", metavar="DUR", help="bound (default: the configured max_clock_skew)")
     clock_p.add_argument("--json", action="store_true", help="JSON output")
     _backend_flags(clock_p)
+
+    metrics_p = sub.add_parser(
+        "metrics", help="write the lock state of this node's jobs for node_exporter",
+        description="Write, for node_exporter's textfile collector, the lock state of every job in the jobs "
+                    "dir (held, holder, age, ttl left, fence, last run on any node, the timer's period) and "
+                    "this node's clock check. The file is replaced atomically; it is written even when the "
+                    "backend cannot be queried (dlock_lock_state_refresh_success 0, exit 75).",
+        epilog="example (what the dlock_metrics role's timer runs):\n"
+               "  dlock metrics --output /var/lib/prometheus/node-exporter/dlock-lock-state.prom",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    metrics_p.add_argument("--output", metavar="FILE",
+                           help="file to write, '-' for stdout (default: METRICS_DIR/dlock-lock-state.prom)")
+    metrics_p.add_argument("--unit-dir", metavar="DIR", default="/etc/systemd/system",
+                           help="where the jobs' timers are, for their periods (default %(default)s)")
+    _backend_flags(metrics_p)
     return parser
 
 
@@ -128,9 +143,9 @@ def _flags(args):
 
 def _jobs_to_show(settings, args):
     import os
-    if args.key:
+    if getattr(args, "key", None):
         return [(args.job or "-", args.key)]
-    if args.job:
+    if getattr(args, "job", None):
         return [(args.job, settings.key)]
     try:
         names = sorted(f[:-5] for f in os.listdir(settings.jobs_dir) if f.endswith(".json"))
@@ -147,17 +162,27 @@ def _ttl_cell(row):
     return format_duration(row["ttl_remaining"])
 
 
-def cmd_status(args):
-    settings = load_settings(_flags(args), job=args.job)
-    backend = open_backend(settings.backend_url, settings.password, settings.options.op_timeout, settings.ca_file)
+def _open(settings):
+    return open_backend(settings.backend_url, settings.password, settings.options.op_timeout, settings.ca_file)
+
+
+def _status_rows(settings, jobs):
+    """[(job, key)] -> the backend's view of each lock, as dicts."""
+    backend = _open(settings)
     try:
         rows = []
-        for job, key in _jobs_to_show(settings, args):
+        for job, key in jobs:
             row = backend.query(key).as_dict()
             row["job"] = job
             rows.append(row)
     finally:
         backend.close()
+    return rows
+
+
+def cmd_status(args):
+    settings = load_settings(_flags(args), job=args.job)
+    rows = _status_rows(settings, _jobs_to_show(settings, args))
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return 0
@@ -183,7 +208,7 @@ def cmd_release(args):
     if not args.reason.strip():
         raise ConfigError("release: --reason must say why")
     settings = load_settings(_flags(args), job=args.job)
-    backend = open_backend(settings.backend_url, settings.password, settings.options.op_timeout, settings.ca_file)
+    backend = _open(settings)
     try:
         holder = backend.force_release(settings.key)
     finally:
@@ -202,21 +227,13 @@ def cmd_check_clock(args):
     if args.max_skew:
         from .durations import parse_duration
         bound = parse_duration(args.max_skew, "--max-skew")
-    backend = open_backend(settings.backend_url, settings.password, settings.options.op_timeout, settings.ca_file)
+    backend = _open(settings)
     try:
-        offset, rtt = clock.measure_offset(backend)
+        result = clock.assess(backend, bound)
     finally:
         backend.close()
-    chrony = clock.chrony_tracking()
-    problems = []
-    try:
-        clock.check_offset(offset, rtt, bound)
-    except DlockError as exc:
-        problems.append(str(exc))
-    if chrony and chrony.get("synchronised") is False:
-        problems.append("chrony: not synchronised")
-    result = {"offset_seconds": round(offset, 6), "rtt_seconds": round(rtt, 6), "max_skew_seconds": bound,
-              "chrony": chrony, "safe": not problems, "problems": problems, "checked_at": time.time()}
+    chrony, problems = result["chrony"], result["problems"]
+    offset, rtt = result["offset_seconds"], result["rtt_seconds"]
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
@@ -233,6 +250,34 @@ def cmd_check_clock(args):
     return 0 if not problems else EXIT_CLOCK
 
 
+def cmd_metrics(args):
+    settings = load_settings(_flags(args))
+    output = args.output or (settings.metrics_dir and settings.metrics_dir.rstrip("/") + "/dlock-lock-state.prom")
+    if not output:
+        raise ConfigError("metrics: give --output FILE, or set metrics_dir in the config")
+    jobs = _jobs_to_show(settings, args)  # from the job files: known even when the backend is down
+    failure = None
+    try:
+        rows = _status_rows(settings, jobs)
+        backend = _open(settings)
+        try:
+            clock_check = clock.assess(backend, settings.options.max_clock_skew)
+        finally:
+            backend.close()
+    except BackendError as exc:
+        rows, clock_check, failure = None, None, exc
+    periods = dict((job, lockstate.schedule_period(args.unit_dir, job)) for job, _key in jobs)
+    text = report.render_families(lockstate.families(
+        rows, dict((job, p) for job, p in periods.items() if p), clock_check, time.time()))
+    if output == "-":
+        sys.stdout.write(text)
+    else:
+        report.write_textfile(output, text)
+    if failure is not None:
+        raise failure  # the file says so too (dlock_lock_state_refresh_success 0)
+    return 0
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     command = None
@@ -246,7 +291,9 @@ def main(argv=None):
             return run(settings)
         if command:
             raise ConfigError("%s: takes no command after '--'" % args.command)
-        return {"status": cmd_status, "release": cmd_release, "check-clock": cmd_check_clock}[args.command](args)
+        commands = {"status": cmd_status, "release": cmd_release, "check-clock": cmd_check_clock,
+                    "metrics": cmd_metrics}
+        return commands[args.command](args)
     except DlockError as exc:
         sys.stderr.write("dlock: error: %s\n" % exc)
         return exc.exit_code

@@ -45,3 +45,19 @@ def chrony_tracking():
         "leap_status": fields[13],
         "synchronised": fields[13] != "Not synchronised",
     }
+
+
+def assess(backend, max_skew):
+    """The whole clock check (dlock check-clock, dlock metrics): offset to the
+    backend, chrony's state, and whether the clock is safe, as a dict."""
+    offset, rtt = measure_offset(backend)
+    chrony = chrony_tracking()
+    problems = []
+    try:
+        check_offset(offset, rtt, max_skew)
+    except ClockUnsafe as exc:
+        problems.append(str(exc))
+    if chrony and chrony.get("synchronised") is False:
+        problems.append("chrony: not synchronised")
+    return {"offset_seconds": round(offset, 6), "rtt_seconds": round(rtt, 6), "max_skew_seconds": max_skew,
+            "chrony": chrony, "safe": not problems, "problems": problems, "checked_at": time.time()}

@@ -57,20 +57,42 @@ def _read_counters(path):
     return counts
 
 
-def render(job, counts, gauges):
-    label = 'job="%s"' % _escape(job)
+def render_families(families):
+    """Exposition text of [(name, type, help, [(labels dict, value), ...])];
+    families without samples are left out."""
     lines = []
-    for name, kind, help_text in METRICS:
-        if name == "dlock_runs_total":
-            samples = [('%s,result="%s"' % (label, result), counts[result]) for result in sorted(counts)]
-        elif gauges.get(name) is not None:
-            samples = [(label, gauges[name])]
-        else:
+    for name, kind, help_text, samples in families:
+        if not samples:
             continue
         lines.append("# HELP %s %s" % (name, help_text))
         lines.append("# TYPE %s %s" % (name, kind))
-        lines.extend("%s{%s} %s" % (name, labels, _number(value)) for labels, value in samples)
+        for labels, value in samples:
+            text = ",".join('%s="%s"' % (k, _escape(v)) for k, v in sorted(labels.items()))
+            lines.append("%s%s %s" % (name, "{%s}" % text if text else "", _number(value)))
     return "\n".join(lines) + "\n"
+
+
+def render(job, counts, gauges):
+    labels = {"job": job}
+    families = []
+    for name, kind, help_text in METRICS:
+        if name == "dlock_runs_total":
+            samples = [(dict(labels, result=result), counts[result]) for result in sorted(counts)]
+        elif gauges.get(name) is not None:
+            samples = [(labels, gauges[name])]
+        else:
+            samples = []
+        families.append((name, kind, help_text, samples))
+    return render_families(families)
+
+
+def write_textfile(path, text):
+    """Temp file in the same directory, then rename: a scrape never sees half a file."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o644)
+    os.rename(tmp, path)
 
 
 def _number(value):
@@ -94,11 +116,7 @@ def write_metrics(directory, job, gauges, result=None):
         previous.update((k, v) for k, v in gauges.items() if v is not None)
         if result is not None:
             counts[result] = counts.get(result, 0) + 1
-        tmp = "%s.%d.tmp" % (path, os.getpid())
-        with open(tmp, "w") as handle:
-            handle.write(render(job, counts, previous))
-        os.chmod(tmp, 0o644)
-        os.rename(tmp, path)
+        write_textfile(path, render(job, counts, previous))
     finally:
         os.close(dir_fd)
 

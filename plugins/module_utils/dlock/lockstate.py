@@ -1,0 +1,92 @@
+"""The lock state of a node's jobs as textfile metrics (`dlock metrics`).
+
+For every job in the jobs directory: whether its lock is held (by any node,
+as the backend sees it) and by which host, the lease's age and TTL left, the
+fencing token, the last finished run on any node, and the period of the job's
+timer; plus this node's clock check. node_exporter serves the file, and the
+shipped alert rules (roles/dlock_metrics) read it.
+
+The names differ from the runner's per-job metrics (its dlock_lock_held means
+"this node holds it"): two textfiles must never export the same series, or
+node_exporter rejects the scrape.
+"""
+
+import datetime
+import os
+import re
+import subprocess
+
+# (name, type, help)
+METRICS = (
+    ("dlock_lock_state_held", "gauge", "1 while some node holds the job's lock (the backend's view)."),
+    ("dlock_lock_state_holder_info", "gauge", "The host holding the job's lock, as a label."),
+    ("dlock_lock_state_age_seconds", "gauge", "Age of the current lease of the job's lock (0 when free)."),
+    ("dlock_lock_state_ttl_remaining_seconds", "gauge",
+     "TTL left on the current lease (0 when free; absent for a session lock)."),
+    ("dlock_lock_state_fencing_token", "gauge", "Last fencing token granted for the job's lock."),
+    ("dlock_lock_state_last_run_timestamp_seconds", "gauge", "Unix time the last run of the job ended, on any node."),
+    ("dlock_lock_state_last_exit_code", "gauge", "Exit code of the last run of the job, on any node."),
+    ("dlock_job_schedule_period_seconds", "gauge", "Seconds between two runs of the job's timer."),
+    ("dlock_lock_state_refresh_success", "gauge", "1 when the last lock-state refresh could query the backend."),
+    ("dlock_lock_state_refresh_timestamp_seconds", "gauge", "Unix time of the last lock-state refresh."),
+    ("dlock_clock_check_safe", "gauge", "1 when this node's clock check passed (dlock check-clock)."),
+    ("dlock_clock_check_offset_seconds", "gauge", "Backend clock minus this node's clock, at the last refresh."),
+    ("dlock_clock_chrony_synchronised", "gauge", "1 when chrony reports this node synchronised."),
+)
+_ELAPSE = re.compile(r"^\s*(?:Next elapse|Iter\. #2): \w+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC$", re.M)
+
+
+def schedule_period(unit_dir, job):
+    """Seconds between the next two elapses of dlock-JOB.timer's single
+    OnCalendar, from systemd-analyze; None when that cannot be told."""
+    try:
+        with open(os.path.join(unit_dir, "dlock-%s.timer" % job)) as handle:
+            calendar = [line.split("=", 1)[1].strip() for line in handle if line.startswith("OnCalendar=")]
+    except (IOError, OSError):
+        return None
+    if len(calendar) != 1:
+        return None
+    try:
+        out = subprocess.run(["systemd-analyze", "calendar", "--iterations=2", "--", calendar[0]],
+                             capture_output=True, text=True, timeout=10, check=False,
+                             env=dict(os.environ, TZ="UTC", LC_ALL="C")).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    times = [datetime.datetime.strptime(t, "%Y-%m-%d %H:%M:%S") for t in _ELAPSE.findall(out)]
+    return (times[1] - times[0]).total_seconds() if len(times) == 2 else None
+
+
+def families(rows, periods, clock, refreshed_at):
+    """Metric families for report.render_families.
+
+    rows: `dlock status --json` rows (None when the backend could not be
+    queried); periods: {job: seconds}; clock: clock.assess() or None."""
+    samples = dict((name, []) for name, _kind, _help in METRICS)
+    for row in rows or []:
+        labels = {"job": row["job"], "key": row["key"]}
+        held = bool(row.get("held"))
+        samples["dlock_lock_state_held"].append((labels, 1 if held else 0))
+        if held and row.get("owner"):
+            holder = row["owner"].rsplit(":", 2)[0]  # owner tokens are host:pid:random
+            samples["dlock_lock_state_holder_info"].append((dict(labels, holder=holder), 1))
+        samples["dlock_lock_state_age_seconds"].append((labels, (row.get("age") or 0) if held else 0))
+        if not held or row.get("ttl_remaining") is not None:
+            samples["dlock_lock_state_ttl_remaining_seconds"].append(
+                (labels, (row.get("ttl_remaining") or 0) if held else 0))
+        samples["dlock_lock_state_fencing_token"].append((labels, row.get("fence") or 0))
+        last = row.get("last") or {}
+        if last.get("finished_at") is not None:
+            samples["dlock_lock_state_last_run_timestamp_seconds"].append((labels, last["finished_at"]))
+        if last.get("exit_code") is not None:
+            samples["dlock_lock_state_last_exit_code"].append((labels, last["exit_code"]))
+    for job in sorted(periods):
+        samples["dlock_job_schedule_period_seconds"].append(({"job": job}, periods[job]))
+    samples["dlock_lock_state_refresh_success"].append(({}, 0 if rows is None else 1))
+    samples["dlock_lock_state_refresh_timestamp_seconds"].append(({}, round(refreshed_at, 3)))
+    if clock is not None:
+        samples["dlock_clock_check_safe"].append(({}, 1 if clock["safe"] else 0))
+        samples["dlock_clock_check_offset_seconds"].append(({}, clock["offset_seconds"]))
+        chrony = clock.get("chrony") or {}
+        if "synchronised" in chrony:
+            samples["dlock_clock_chrony_synchronised"].append(({}, 1 if chrony["synchronised"] else 0))
+    return [(name, kind, help_text, samples[name]) for name, kind, help_text in METRICS]

@@ -1,0 +1,82 @@
+"""`dlock metrics`: the lock state of a node's jobs for node_exporter (what the
+dlock_metrics role's timer runs), against a real Redis."""
+
+import json
+import re
+import subprocess
+import time
+
+from runner_proc import run_dlock, start_dlock
+
+
+def value(text, pattern):
+    match = re.search(r"^%s (\S+)$" % pattern, text, re.M)
+    assert match, "no sample %s in:\n%s" % (pattern, text)
+    return float(match.group(1))
+
+
+def promtool_clean(text):
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def node(tmp_path, backend_url, job):
+    """A node's files: dlock.json, one job file, one timer every 5 minutes."""
+    for name in ("jobs", "units", "metrics"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "dlock.json").write_text(json.dumps({"backend": backend_url, "jobs_dir": str(tmp_path / "jobs"),
+                                                     "metrics_dir": str(tmp_path / "metrics")}))
+    (tmp_path / "jobs" / (job + ".json")).write_text(json.dumps({"command": ["sleep", "30"], "ttl": "20s"}))
+    (tmp_path / "units" / ("dlock-%s.timer" % job)).write_text("[Timer]\nOnCalendar=*:0/5\n")
+    return ["--config", str(tmp_path / "dlock.json"), "--unit-dir", str(tmp_path / "units")]
+
+
+def test_lock_state_of_a_held_lock_then_its_last_run(redis_server, unique_key, tmp_path):
+    job = "job-" + unique_key[-6:]
+    flags = node(tmp_path, redis_server.url, job)
+    output = tmp_path / "metrics" / "dlock-lock-state.prom"
+    holder = start_dlock("run", "--job", job, "--config", str(tmp_path / "dlock.json"))
+    try:
+        deadline = time.monotonic() + 10
+        while '"held": true' not in run_dlock("status", "--job", job, "--json", flags[0], flags[1]).stdout:
+            assert time.monotonic() < deadline, "the holder never took the lock"
+            time.sleep(0.1)
+        time.sleep(1)
+        done = run_dlock("metrics", *flags)  # default output: METRICS_DIR/dlock-lock-state.prom
+        assert done.returncode == 0, done.stderr
+        text = output.read_text()
+        labels = r'\{job="%s",key="%s"\}' % (job, job)
+        assert value(text, "dlock_lock_state_held" + labels) == 1
+        assert value(text, r'dlock_lock_state_holder_info\{holder="[^"]+",job="%s",key="%s"\}' % (job, job)) == 1
+        assert 1 <= value(text, "dlock_lock_state_age_seconds" + labels) < 15
+        assert 5 < value(text, "dlock_lock_state_ttl_remaining_seconds" + labels) <= 20
+        assert value(text, r'dlock_job_schedule_period_seconds\{job="%s"\}' % job) == 300
+        assert value(text, "dlock_lock_state_refresh_success") == 1
+        assert value(text, "dlock_clock_check_safe") == 1
+        promtool_clean(text)
+    finally:
+        holder.terminate()
+        holder.wait(30)
+    assert run_dlock("metrics", *flags).returncode == 0
+    text = output.read_text()
+    assert value(text, r'dlock_lock_state_held\{job="%s",key="%s"\}' % (job, job)) == 0
+    assert value(text, r'dlock_lock_state_last_exit_code\{job="%s",key="%s"\}' % (job, job)) == 128 + 15
+    assert time.time() - 30 < value(text, r'dlock_lock_state_last_run_timestamp_seconds\{job="%s",key="%s"\}'
+                                    % (job, job)) <= time.time()
+    promtool_clean(text)
+
+
+def test_an_unreachable_backend_is_reported_in_the_file_and_the_exit_code(tmp_path):
+    flags = node(tmp_path, "redis://127.0.0.1:9/0", "orphan")  # port 9 (discard): refused
+    done = run_dlock("metrics", *flags, "--output", "-")
+    assert done.returncode == 75 and "redis" in done.stderr
+    assert value(done.stdout, "dlock_lock_state_refresh_success") == 0
+    assert value(done.stdout, r'dlock_job_schedule_period_seconds\{job="orphan"\}') == 300  # from the job files
+    assert "dlock_lock_state_held" not in done.stdout
+    promtool_clean(done.stdout)
+
+
+def test_metrics_without_an_output_is_a_configuration_error(redis_server, tmp_path):
+    (tmp_path / "dlock.json").write_text(json.dumps({"backend": redis_server.url}))  # no metrics_dir
+    done = run_dlock("metrics", "--config", str(tmp_path / "dlock.json"))
+    assert done.returncode == 78 and "give --output FILE, or set metrics_dir" in done.stderr, done.stderr
