@@ -19,11 +19,21 @@ bash scripts/ansible-test.sh sanity
 stage "ansible-test units (module, action plugin, engine; every Python found)"
 bash scripts/ansible-test.sh units
 
-stage "pytest: the lab fleet (systemd-nspawn nodes over SSH)"
+stage "promtool: the shipped alert rules (check rules, test rules)"
+promtool check rules roles/dlock_metrics/files/dlock.rules.yml
+(cd roles/dlock_metrics/files && promtool test rules dlock.rules.test.yml)
+
+stage "pytest: the lab fleet (systemd-nspawn nodes over SSH; site.yml on Redis and PostgreSQL)"
 pytest tests/lab
 
 stage "molecule: the runner and jobs roles on the lab"
 molecule test -s default
+
+stage "molecule: the Redis backend, chrony and metrics (a backend node + 3 job nodes)"
+molecule test -s redis
+
+stage "molecule: the PostgreSQL backend, chrony and metrics (a backend node + 3 job nodes)"
+molecule test -s postgresql
 
 stage "ansible-lint --profile production"
 ansible-lint

@@ -1,22 +1,19 @@
-"""A lab job that records its run in a ledger on the backend Redis:
-RPUSH dlock:lab-ledger {host, run_id, fence, start, end}.
+"""A lab job that records its run in the node's journal: one line
+LEDGER {host, run_id, fence, start, end} on stdout.
 
-It reads the backend password the way the runner does under systemd, from
-the unit's credential, so no secret lands in a job file.
+The nodes share the host's kernel clock, so the test can merge every node's
+lines into one timeline, whatever the lock backend is.
 """
 
 import json
 import os
 import socket
+import sys
 import time
 
-import redis
-
-password = open(os.path.join(os.environ["CREDENTIALS_DIRECTORY"], "dlock-backend")).read().strip()
-ledger = redis.Redis(host=os.environ["LEDGER_HOST"], password=password, socket_timeout=5)
 start = time.time()
 time.sleep(float(os.environ.get("LEDGER_WORK_SECONDS", "0.5")))
-ledger.rpush("dlock:lab-ledger", json.dumps({
+sys.stdout.write("LEDGER " + json.dumps({
     "host": socket.gethostname(), "run_id": os.environ["DLOCK_RUN_ID"],
     "fence": int(os.environ["DLOCK_FENCING_TOKEN"]), "start": start, "end": time.time(),
-}))
+}) + "\n")

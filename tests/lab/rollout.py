@@ -1,37 +1,107 @@
-"""Run the collection's playbooks against a lab, as an operator would."""
+"""Run the collection's playbooks against a lab, as an operator would.
 
+As a module: ansible_playbook() and site(). As a command (the demo uses it):
+
+    python3 tests/lab/rollout.py site --backend-type redis -e @tests/lab/demo_jobs.yml
+
+rolls out playbooks/site.yml on the lab named by DLOCK_LAB_PREFIX, with the
+backend role of that type on the backend node and the lab's clock layout.
+"""
+
+import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from lab import Lab  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def ansible_playbook(lab, playbook, extra_vars, *args, check=True):
+def _env():
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "build"),
+               ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def ansible_playbook(lab, playbook, extra_vars, *args, check=True, capture=True):
     """ansible-playbook PLAYBOOK against the lab's inventory; extra vars go in a
     temp file (never on the command line). Returns the CompletedProcess."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(extra_vars, handle)
         varfile = handle.name
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "build"),
-               ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     try:
         done = subprocess.run(["ansible-playbook", "-i", lab.inventory, os.path.join(ROOT, playbook),
                                "-e", "@" + varfile] + list(args),
-                              env=env, capture_output=True, text=True, timeout=900, check=False)
+                              env=_env(), capture_output=capture, text=True, timeout=900, check=False)
     finally:
         os.unlink(varfile)
     if check and done.returncode != 0:
-        raise AssertionError("%s failed (%d):\n%s\n%s" % (playbook, done.returncode, done.stdout[-6000:],
-                                                          done.stderr[-3000:]))
+        raise AssertionError("%s failed (%d):\n%s\n%s" % (playbook, done.returncode, (done.stdout or "")[-6000:],
+                                                          (done.stderr or "")[-3000:]))
     return done
 
 
-def redis_backend(lab, password):
-    """Start the lab's Redis on the backend node; returns the dlock_backend value."""
-    lab.up(nodes=len(lab.group("dlock_nodes")), backend=True)
-    ansible_playbook(lab, "tests/lab/backend_redis.yml", {"lab_redis_password": password})
-    return {"url": "redis://%s:6379/0" % lab.addr(lab.group("dlock_backend")[0]), "password": password}
+def clock_inventory(lab):
+    """A second inventory holding the lab's clock layout: the backend node is
+    the time root (it serves its clock, the host's, to the subnet) and the job
+    nodes sync from it. Nodes have no other time source."""
+    path = os.path.join(lab.state_dir, "clock-groups.json")
+    backend = lab.group("dlock_backend")[0]
+    layout = {
+        "dlock_backend": {"vars": {"dlock_chrony_local_stratum": 10,
+                                   "dlock_chrony_allow": ["%s.0/24" % lab.subnet]}},
+        "dlock_nodes": {"vars": {"dlock_chrony_servers": [backend]}},
+        "all": {"vars": {"dlock_chrony_pools": []}},
+    }
+    with open(path, "w") as handle:
+        json.dump(layout, handle)
+    return path
+
+
+def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
+    """site.yml with dlock_backend_type: the backend role on the backend node
+    (booted if missing), chrony, the runner, the jobs and the metrics. The
+    backend password is generated once into the lab's state directory."""
+    if not lab.group("dlock_backend"):
+        lab.up(nodes=len(lab.group("dlock_nodes")), backend=True)
+    site_vars = {"dlock_backend_type": backend_type,
+                 "dlock_backend_password_file": password_file(lab)}
+    site_vars.update(extra_vars)
+    return ansible_playbook(lab, "playbooks/site.yml", site_vars, "-i", clock_inventory(lab), *args,
+                            check=check, capture=capture)
+
+
+def password_file(lab):
+    """Where site.yml keeps the generated backend password (0600, on the controller)."""
+    return os.path.join(lab.state_dir, "credentials", "dlock-backend.password")
+
+
+def read_password(lab):
+    """The generated password (the lookup writes 'PASSWORD[ salt=...]')."""
+    with open(password_file(lab)) as handle:
+        return handle.read().split(" salt=")[0].strip()
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Roll out playbooks/site.yml on the lab.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    site_p = sub.add_parser("site", help="site.yml with a provisioned backend")
+    site_p.add_argument("--backend-type", choices=["redis", "postgresql"], default="redis")
+    site_p.add_argument("-e", "--extra-vars", action="append", default=[],
+                        help="@FILE of extra variables (YAML or JSON), as ansible-playbook -e")
+    args = parser.parse_args()
+    passthrough = []
+    for value in args.extra_vars:
+        passthrough += ["-e", value]
+    done = site(Lab(), args.backend_type, {}, *passthrough, check=False, capture=False)
+    return done.returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

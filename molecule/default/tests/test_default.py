@@ -22,8 +22,8 @@ def test_config_files_and_modes(host):
     config = host.file("/etc/dlock/dlock.json")
     assert (config.mode, config.user, config.group) == (0o640, "root", "dlock")
     settings = json.loads(config.content_string)
-    assert settings["backend"] == "redis://10.77.2.10:6379/0"
-    assert "molecule-lab-pw" not in config.content_string
+    assert settings["backend"] == "redis://dlock@10.77.2.10:6379/0"
+    assert "molecule-lab-password" not in config.content_string
     assert settings["password_file"] == "/etc/dlock/backend.password"
     secret = host.file("/etc/dlock/backend.password")
     assert (secret.mode, secret.user) == (0o600, "root")

@@ -1,0 +1,122 @@
+"""The PostgreSQL backend node: settings, pg_hba, the least-privilege role,
+and a dead advisory-lock session noticed in seconds."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+
+import base64  # noqa: E402
+import hashlib  # noqa: E402
+import hmac  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+import psycopg  # noqa: E402
+import pytest  # noqa: E402
+
+from fleet_checks import secret, ssh_with_stdin  # noqa: E402
+
+testinfra_hosts = ["ansible://dlock_backend"]
+CONF = "/etc/postgresql/15/main"
+
+
+def sql(host, query, database="dlock"):
+    """A query as the postgres superuser (peer authentication on the socket)."""
+    return host.check_output("runuser -u postgres -- psql -XAtq -d %s -c %s", database, query)
+
+
+def test_postgresql_runs_with_the_dlock_settings(host):
+    assert host.service("postgresql@15-main").is_running and host.service("postgresql").is_enabled
+    assert host.file(CONF + "/conf.d/dlock.conf").content_string.startswith("# Ansible managed")
+    # (The TCP settings read 0 on this socket connection: see test_nodes.py.)
+    want = {"client_connection_check_interval": "2s", "password_encryption": "scram-sha-256",
+            "listen_addresses": "localhost," + host.ansible.get_variables()["ansible_host"]}
+    for name, value in want.items():
+        assert sql(host, "SHOW %s" % name) == value, name
+
+
+def test_pg_hba_lets_only_the_fleet_in(host):
+    hba = host.file(CONF + "/pg_hba.conf")
+    assert (hba.user, hba.mode) == ("postgres", 0o640)
+    rules = [line.split() for line in hba.content_string.splitlines() if line.strip() and not line.startswith("#")]
+    nodes = host.ansible.get_variables()["groups"]["dlock_nodes"]
+    addresses = sorted(host.get_host("ansible://" + n, ansible_inventory=os.environ["MOLECULE_INVENTORY_FILE"])
+                       .ansible.get_variables()["ansible_host"] + "/32" for n in nodes)
+    assert rules[0] == ["local", "all", "postgres", "peer"]
+    assert sorted(r[3] for r in rules[1:]) == addresses
+    assert all(r[:3] == ["host", "dlock", "dlock"] and r[4] == "scram-sha-256" for r in rules[1:])
+
+
+def test_a_host_outside_pg_hba_is_refused(host):
+    address = host.ansible.get_variables()["ansible_host"]
+    # From the controller (the lab host, x.x.x.1), with the right password.
+    with pytest.raises(psycopg.OperationalError, match="no pg_hba.conf entry"):
+        psycopg.connect(host=address, user="dlock", dbname="dlock", password=secret("backend.password"),
+                        connect_timeout=5, sslmode="disable")
+    # From the backend itself over TCP.
+    done = ssh_with_stdin(host, 'PGPASSWORD="$(cat)" psql -h %s -U dlock -d dlock -c "SELECT 1"' % address,
+                          secret("backend.password"))
+    assert done.returncode != 0 and "no pg_hba.conf entry" in done.stderr, done.stderr
+
+
+def test_the_role_has_least_privilege(host):
+    attributes = sql(host, "SELECT rolsuper, rolinherit, rolcreaterole, rolcreatedb, rolcanlogin, rolreplication, "
+                           "rolbypassrls FROM pg_roles WHERE rolname = 'dlock'")
+    assert attributes == "f|f|f|f|t|f|f"
+    assert sql(host, "SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member "
+                     "WHERE r.rolname = 'dlock'") == "0"
+    assert sql(host, "SELECT has_database_privilege('dlock', 'dlock', 'CONNECT'), "
+                     "has_database_privilege('dlock', 'dlock', 'CREATE'), "
+                     "has_database_privilege('dlock', 'dlock', 'TEMPORARY'), "
+                     "has_schema_privilege('dlock', 'public', 'CREATE')") == "t|f|f|f"
+    grants = sql(host, "SELECT table_name, string_agg(privilege_type, ',' ORDER BY privilege_type) "
+                       "FROM information_schema.role_table_grants WHERE grantee = 'dlock' GROUP BY 1 ORDER BY 1")
+    assert grants == "dlock_lease|INSERT,SELECT,UPDATE\ndlock_slot|DELETE,INSERT,SELECT"
+    assert sql(host, "SELECT string_agg(tableowner, ',') FROM pg_tables WHERE tablename LIKE 'dlock_%'") == "postgres,postgres"
+
+
+def test_the_password_is_stored_as_a_scram_verifier_of_it(host):
+    stored = sql(host, "SELECT rolpassword FROM pg_authid WHERE rolname = 'dlock'", "postgres")
+    match = re.match(r"^SCRAM-SHA-256\$(\d+):([^$]+)\$([^:]+):(.+)$", stored)
+    assert match, "not a SCRAM verifier"
+    salted = hashlib.pbkdf2_hmac("sha256", secret("backend.password").encode(), base64.b64decode(match.group(2)),
+                                 int(match.group(1)))
+    stored_key = hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
+    assert base64.b64encode(stored_key).decode() == match.group(3)
+
+
+def test_a_dead_advisory_session_is_noticed_in_seconds(host):
+    """A node holding an advisory lock is cut off the network: keepalives end its
+    session within seconds, which frees the lock for the others."""
+    groups = host.ansible.get_variables()["groups"]
+    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+    holder_name, other_name = groups["dlock_nodes"][-1], groups["dlock_nodes"][0]
+    holder = host.get_host("ansible://" + holder_name, ansible_inventory=inventory)
+    other = host.get_host("ansible://" + other_name, ansible_inventory=inventory)
+    holder_addr = holder.ansible.get_variables()["ansible_host"]
+    url = "postgresql+advisory://dlock@%s:5432/dlock" % host.ansible.get_variables()["ansible_host"]
+    lab = [sys.executable, os.path.join(os.environ["MOLECULE_PROJECT_DIRECTORY"], "tests", "lab", "lab.py")]
+    sessions = ("SELECT count(*) FROM pg_stat_activity WHERE usename = 'dlock' AND client_addr = '%s' "
+                "AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)" % holder_addr)
+    holder.run("systemd-run --unit dlock-advisory-probe --collect dlock run --job advisory-probe "
+               "--backend %s --ttl 30s -- sleep 90", url)
+    try:
+        deadline = time.monotonic() + 20
+        while sql(host, sessions) != "1":
+            assert time.monotonic() < deadline, "the probe never took the advisory lock"
+            time.sleep(0.5)
+        subprocess.run(lab + ["partition", holder_name], check=True)
+        cut = time.monotonic()
+        while sql(host, sessions) != "0":
+            assert time.monotonic() - cut < 40, "the dead session still holds the lock after 40s"
+            time.sleep(0.5)
+        noticed = time.monotonic() - cut
+        print("\nadvisory session of a partitioned node ended after %.1fs" % noticed)
+        taken = other.run("dlock run --job advisory-probe --backend %s --ttl 30s -- true", url)
+        assert taken.rc == 0, taken.stderr
+    finally:
+        subprocess.run(lab + ["heal", holder_name], check=True)
+        holder.run("systemctl stop dlock-advisory-probe.service")
+    assert noticed < 25  # idle 5s + 3 probes x 2s, or tcp_user_timeout 10s, plus polling
