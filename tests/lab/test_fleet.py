@@ -6,6 +6,7 @@ refused in preflight, nothing written on any node."""
 
 import calendar
 import json
+import re
 import time
 
 import pytest
@@ -48,6 +49,32 @@ def snapshot(lab):
                             "-type f -exec md5sum {} + 2>/dev/null | sort", check=False)
         listing[node] = out.stdout
     return listing
+
+
+def snapshot_all(lab):
+    """Everything site.yml may write, on every host (nodes and backend)."""
+    paths = ("/etc/dlock /etc/systemd/system /etc/redis /etc/postgresql /etc/chrony /etc/default "
+             "/usr/local/bin /usr/local/lib")
+    return dict((host, lab.ssh(host, "find %s -type f -exec md5sum {} + 2>/dev/null | sort" % paths).stdout
+                 + lab.ssh(host, "systemctl is-enabled redis-server postgresql chrony prometheus-node-exporter "
+                                 "2>&1; getent passwd dlock-metrics").stdout)
+                for host in lab.group("dlock_nodes") + lab.group("dlock_backend"))
+
+
+@pytest.mark.parametrize("backend_type", BACKEND_TYPES)
+def test_check_mode_on_fresh_hosts_changes_nothing(lab, backend_type):
+    """--check of the whole rollout on hosts that have none of it: it reports
+    what it would change, and writes, enables and creates nothing."""
+    if not lab.group("dlock_backend"):
+        lab.up(nodes=len(lab.group("dlock_nodes")), backend=True)
+    if lab.ssh(lab.group("dlock_nodes")[0], "test -e /etc/dlock/dlock.json").returncode == 0:
+        pytest.skip("the nodes are not fresh (an earlier rollout on this lab)")
+    before = snapshot_all(lab)
+    job = {"name": "check-only", "command": ["true"], "schedule": "hourly", "once_per": "1h"}
+    done = site(lab, backend_type, {"dlock_jobs_list": [job]}, "--check", check=False)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert re.search(r"changed=[1-9]", done.stdout), "check mode reported nothing to do on fresh hosts"
+    assert snapshot_all(lab) == before
 
 
 BAD_JOBS = [
