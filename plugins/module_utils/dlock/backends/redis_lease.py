@@ -90,8 +90,12 @@ class RedisBackend(Backend):
             raise MissingDriver("redis", "python3-redis", "redis://")
         kwargs = dict(password=password, socket_timeout=op_timeout, socket_connect_timeout=op_timeout,
                       decode_responses=True, retry_on_timeout=False, retry=Retry(NoBackoff(), 0))
-        if ca_file and url.startswith("rediss://"):
-            kwargs["ssl_ca_certs"] = ca_file
+        if url.startswith("rediss://"):
+            # Verify the server's name too: redis-py before 5 (Debian 12 ships
+            # 4.3) only checks that some certificate of the CA is presented.
+            kwargs["ssl_check_hostname"] = True
+            if ca_file:
+                kwargs["ssl_ca_certs"] = ca_file
         self.client = redis.Redis.from_url(url, **kwargs)
         self._scripts = {}
 
