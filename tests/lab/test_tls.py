@@ -45,8 +45,8 @@ def test_runners_reach_the_backend_over_verified_tls_only(lab, tmp_path, backend
     backend = lab.group("dlock_backend")[0]
     address = lab.addr(backend)
     make_certificates(str(tmp_path), address)
-    files = dict((name, (tmp_path / name).read_text()) for name in ("ca.pem", "server.pem", "server.key",
-                                                                      "other.pem"))
+    names = ("ca.pem", "server.pem", "server.key", "other.pem")
+    files = dict((name, (tmp_path / name).read_text()) for name in names)
     tls_dir, user = TLS_DIR[backend_type], SERVICE_USER[backend_type]
     put(lab, backend, tls_dir + "/ca.pem", files["ca.pem"], user, "0644")
     put(lab, backend, tls_dir + "/server.pem", files["server.pem"], user, "0644")
