@@ -16,8 +16,8 @@ import sys
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-PLAYBOOKS = os.path.join(HERE, "playbooks")
+ROOT = os.path.dirname(HERE)
+PLAYBOOKS = os.path.join(HERE, "integration", "module", "playbooks")
 BIN = os.path.dirname(sys.executable)
 
 
