@@ -10,7 +10,7 @@ import time
 
 import pytest
 import yaml
-from redis.exceptions import NoPermissionError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
 
@@ -57,3 +57,18 @@ def test_the_acl_refuses_what_the_engine_never_needs(acl_redis):
                     ["EVAL", "return 1", "0"]):
         with pytest.raises(NoPermissionError):
             backend.client.execute_command(*command)
+
+
+@pytest.mark.parametrize("script, keys", [
+    ("return redis.call('FLUSHALL')", []),
+    ("return redis.call('KEYS', '*')", []),
+    ("return redis.call('SET', KEYS[1], 'x')", ["otherapp:x"]),
+])
+def test_loaded_scripts_are_held_to_the_same_acl(acl_redis, script, keys):
+    """SCRIPT LOAD + EVALSHA are allowed (the engine needs them), but every
+    command a script calls is checked against the user's ACL."""
+    backend, admin = acl_redis
+    sha = backend.client.script_load(script)
+    with pytest.raises(ResponseError, match="(?i)can't run this command|no permissions"):
+        backend.client.evalsha(sha, len(keys), *keys)
+    assert admin.exists("otherapp:x") == 0

@@ -24,7 +24,7 @@ def admin(host, command):
 def test_redis_runs_with_the_lock_settings(host):
     assert host.service("redis-server").is_running and host.service("redis-server").is_enabled
     conf = host.file("/etc/redis/dlock.conf")
-    assert (conf.user, conf.mode) == ("redis", 0o640) and conf.content_string.startswith("# Ansible managed")
+    assert (conf.user, conf.group, conf.mode) == ("root", "redis", 0o640) and conf.content_string.startswith("# Ansible managed")
     assert "include /etc/redis/dlock.conf" in host.file("/etc/redis/redis.conf").content_string
     lines = admin(host, "CONFIG GET '*'").split("\n")
     effective = dict(zip(lines[0::2], lines[1::2]))
