@@ -6,6 +6,7 @@ refused in preflight, nothing written on any node."""
 
 import calendar
 import json
+import os
 import re
 import time
 
@@ -105,6 +106,50 @@ def test_missing_backend_fails_preflight_and_writes_nothing(lab):
                             {"dlock_jobs_list": [{"name": "ok", "command": ["true"], "schedule": "hourly"}]}, check=False)
     assert done.returncode != 0 and "no backend" in done.stdout
     assert snapshot(lab) == before
+
+
+def test_missing_postgresql_cluster_is_named_and_nothing_written(lab, provisioned):
+    provisioned("postgresql")
+    host = lab.group("dlock_backend")[0]
+    before = snapshot_all(lab)
+    done = site(lab, "postgresql", {"dlock_jobs_list": [], "dlock_postgresql_cluster": "nosuch"}, check=False)
+    assert done.returncode != 0
+    assert "there is no cluster 15/nosuch on %s" % host in done.stdout, done.stdout[-3000:]
+    assert snapshot_all(lab) == before
+
+
+METRICS_PLAY = """
+- hosts: dlock_nodes
+  become: true
+  roles:
+    - dlock.fleet.dlock_metrics
+"""
+LOCK_STATE = "/var/lib/prometheus/node-exporter/dlock-lock-state.prom"
+REFRESH_UNITS = "/etc/systemd/system/prometheus-node-exporter-dlock.timer /etc/systemd/system/prometheus-node-exporter-dlock.service"
+
+
+def test_metrics_refresh_off_takes_its_units_and_last_state_away(lab, provisioned):
+    provisioned("redis")  # site.yml with the metrics role: the refresh timer has written the lock state
+    nodes = lab.group("dlock_nodes")
+    playbook = os.path.join(lab.state_dir, "metrics.yml")
+    with open(playbook, "w") as handle:
+        handle.write(METRICS_PLAY)
+    try:
+        for node in nodes:
+            assert lab.ssh(node, "test -s %s" % LOCK_STATE).returncode == 0
+        first = ansible_playbook(lab, playbook, {"dlock_metrics_refresh": False})
+        again = ansible_playbook(lab, playbook, {"dlock_metrics_refresh": False})
+        assert re.search(r"changed=[1-9]", first.stdout)
+        assert re.findall(r"changed=(\d+)", again.stdout) == ["0"] * len(nodes), again.stdout[-2000:]
+        for node in nodes:
+            gone = lab.ssh(node, "ls %s %s; systemctl is-active prometheus-node-exporter-dlock.timer"
+                           % (LOCK_STATE, REFRESH_UNITS))
+            assert "No such file" in gone.stderr and gone.stdout.strip() == "inactive", gone
+            assert gone.stderr.count("No such file") == 3, gone.stderr
+    finally:
+        ansible_playbook(lab, playbook, {})  # back on: the refresh writes the state again
+    for node in nodes:
+        assert lab.ssh(node, "test -s %s" % LOCK_STATE).returncode == 0
 
 
 def ledger(lab, since):
