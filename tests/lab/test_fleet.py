@@ -118,6 +118,22 @@ def test_missing_postgresql_cluster_is_named_and_nothing_written(lab, provisione
     assert snapshot_all(lab) == before
 
 
+def test_check_mode_with_the_postgresql_server_stopped(lab, provisioned):
+    """--check cannot ask a stopped server what it would change: it says it
+    would start it, and neither starts it nor fails."""
+    provisioned("postgresql")
+    host = lab.group("dlock_backend")[0]
+    unit = "postgresql@15-main"
+    lab.ssh(host, "systemctl stop %s" % unit, check=True)
+    try:
+        done = site(lab, "postgresql", {"dlock_jobs_list": []}, "--check", check=False)
+        assert done.returncode == 0, done.stdout[-4000:]
+        assert re.search(r"changed: \[%s\]" % re.escape(host), done.stdout), done.stdout[-4000:]
+        assert lab.ssh(host, "systemctl is-active %s" % unit).stdout.strip() == "inactive"
+    finally:
+        lab.ssh(host, "systemctl start %s" % unit, check=True)
+
+
 METRICS_PLAY = """
 - hosts: dlock_nodes
   become: true

@@ -78,6 +78,10 @@ def test_runners_reach_the_backend_over_verified_tls_only(lab, tmp_path, backend
                                                                                "?sslmode=disable")
         plain = lab.ssh(node, "dlock check-clock --backend '%s'" % plain_url)
         assert plain.returncode == 75, plain.stdout + plain.stderr
+        if backend_type == "postgresql":  # libpq does not fall back on the system trust store
+            no_ca = site(lab, backend_type, dict(tls_vars, dlock_backend_ca_file=""), check=False)
+            assert no_ca.returncode != 0 and "set dlock_backend_ca_file" in no_ca.stdout, no_ca.stdout[-2500:]
+            assert json.loads(lab.ssh(node, "cat /etc/dlock/dlock.json", check=True).stdout) == config
     finally:
         # Back to plain connections for whatever runs next on this lab.
         site(lab, backend_type, {"dlock_jobs_list": []})
