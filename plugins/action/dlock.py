@@ -207,6 +207,8 @@ class ActionModule(ActionBase):
             if validation.error_messages:
                 raise ConfigError("; ".join(validation.error_messages))
             params = validation.validated_parameters
+            # Before the URL is shown anywhere (-vvv) or travels to a target.
+            check_backend_url(params["backend_url"])
             params["owner"] = params["owner"] or run_owner(C.DEFAULT_LOCAL_TMP)
             if params["run_on"] == "target":
                 result.update(self._on_target(args, params, task_vars))
@@ -221,7 +223,6 @@ class ActionModule(ActionBase):
     def _on_target(self, args, params, task_vars):
         if params["hold"]:
             raise ConfigError("hold: runs on the controller only (the renewer lives there); not with run_on=target")
-        check_backend_url(params["backend_url"])  # before the URL travels in the module's arguments
         display.vvv("dlock: %s on %s from the target as %s" % (params["key"], params["backend_url"], params["owner"]))
         return self._execute_module(module_name=MODULE, module_args=dict(args, owner=params["owner"]),
                                     task_vars=task_vars)

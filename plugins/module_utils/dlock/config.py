@@ -98,6 +98,7 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     defaults = global_cfg.get("defaults") or {}
     validate.mapping(defaults, "%s: defaults" % where)
     _check_keys(defaults, OPTION_NAMES, "%s: defaults" % where)
+    LockOptions.parse_values(defaults, "%s: defaults" % where)  # a bad default is named where it is
     for name in GLOBAL_PATHS:
         if global_cfg.get(name) is not None:
             validate.path(global_cfg[name], "%s: %s" % (where, name))

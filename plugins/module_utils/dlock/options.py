@@ -47,6 +47,18 @@ def clock_margin(ttl):
     return max(0.1, ttl * 0.02)
 
 
+def check_exit_codes(codes, field):
+    """The job option `exit_codes`: known names to codes 0-255."""
+    validate.mapping(codes, field)
+    for name, code in codes.items():
+        if name not in DEFAULT_EXIT_CODES:
+            raise ConfigError("%s: unknown name %s (known: %s)"
+                              % (field, validate.shown(name), ", ".join(sorted(DEFAULT_EXIT_CODES))))
+        if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+            raise ConfigError("%s.%s: %s is not an exit code (0-255)" % (field, name, validate.shown(code)))
+    return codes
+
+
 class LockOptions(object):
     """Validated lock options, all durations in seconds (None = not set)."""
 
@@ -91,17 +103,20 @@ class LockOptions(object):
                 % tuple(format_duration(v) for v in (
                     self.renew_every, self.op_timeout, self.kill_grace, self.margin, budget, self.ttl))
             )
-        validate.mapping(self.exit_codes, "exit_codes")
-        for name, code in self.exit_codes.items():
-            if name not in DEFAULT_EXIT_CODES:
-                raise ConfigError("exit_codes: unknown name %s (known: %s)"
-                                  % (validate.shown(name), ", ".join(sorted(DEFAULT_EXIT_CODES))))
-            if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
-                raise ConfigError("exit_codes.%s: %s is not an exit code (0-255)" % (name, validate.shown(code)))
+        check_exit_codes(self.exit_codes, "exit_codes")
 
     @classmethod
     def from_mapping(cls, values, where):
         """Options from a dict of raw values (JSON file or flags); `where` prefixes errors."""
+        kwargs = cls.parse_values(values, where)
+        try:
+            return cls(**kwargs)
+        except ConfigError as exc:
+            raise ConfigError("%s: %s" % (where, exc) if where else str(exc))
+
+    @staticmethod
+    def parse_values(values, where):
+        """Each option checked on its own (type and bounds), not yet together."""
         kwargs = {}
         for name, raw in values.items():
             if raw is None:
@@ -115,10 +130,7 @@ class LockOptions(object):
             elif name == "on_contention":
                 kwargs[name] = validate.choice(raw, field, ("skip", "wait"))
             elif name == "exit_codes":
-                kwargs[name] = validate.mapping(raw, field)
+                kwargs[name] = check_exit_codes(raw, field)
             else:
                 raise ConfigError("%s: unknown option" % field)
-        try:
-            return cls(**kwargs)
-        except ConfigError as exc:
-            raise ConfigError("%s: %s" % (where, exc) if where else str(exc))
+        return kwargs

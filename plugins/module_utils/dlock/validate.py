@@ -342,7 +342,8 @@ def redact_url(url):
         query = "&".join(p.split("=", 1)[0] + "=<redacted>" if _SECRET_PARAM.match("?" + p) else p
                          for p in re.split(r"[&;]", query))
     result = "%s://%s%s%s" % (scheme, netloc, path_, "?" + query if query else "")
-    return shown(result, 200)
+    result = CONTROL.sub(lambda m: repr(m.group())[1:-1], result)
+    return result if len(result) <= 200 else result[:197] + "..."
 
 
 def backend_url(url, field="backend"):
