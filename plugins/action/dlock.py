@@ -43,7 +43,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import Co
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.hold import process_start
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_args import (
     BACKEND_FIELDS, BACKEND_VAR, MUTUALLY_EXCLUSIVE, REQUIRED_IF, argument_spec)
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import LockFailed, check_backend_url
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import LockFailed, check_params
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import run as run_lock
 
 display = Display()
@@ -207,9 +207,9 @@ class ActionModule(ActionBase):
             if validation.error_messages:
                 raise ConfigError("; ".join(validation.error_messages))
             params = validation.validated_parameters
-            # Before the URL is shown anywhere (-vvv) or travels to a target.
-            check_backend_url(params["backend_url"])
             params["owner"] = params["owner"] or run_owner(C.DEFAULT_LOCAL_TMP)
+            # Before any value is used, shown (-vvv) or sent to a target.
+            check_params(params)
             if params["run_on"] == "target":
                 result.update(self._on_target(args, params, task_vars))
             else:

@@ -50,10 +50,17 @@ def check_backend_url(url):
         raise
 
 
+def check_params(params):
+    """Every parameter that needs no file: called by the action plugin before
+    it uses any of them (a key names a file of the hold, a URL is shown at
+    -vvv), and by Request on the side that runs the lock."""
+    Request(params, read_files=False)
+
+
 class Request(object):
     """The task's parameters, checked and converted (ConfigError when wrong)."""
 
-    def __init__(self, params):
+    def __init__(self, params, read_files=True):
         self.state = params["state"]
         self.url = params.get("backend_url")
         check_backend_url(self.url)
@@ -79,11 +86,12 @@ class Request(object):
             validate.text(self.password, "backend_password", 1024, secret=True)
         if params.get("backend_password_file"):
             validate.path(params["backend_password_file"], "backend_password_file")
-            self.password = read_secret(params["backend_password_file"], "backend_password_file")
+            if read_files:
+                self.password = read_secret(params["backend_password_file"], "backend_password_file")
         self.owner = params.get("owner")
         if self.owner is not None:
             validate.text(self.owner, "owner", 200)
-        if self.owner is None and self.state == "acquired":
+        if self.owner is None and self.state == "acquired" and read_files:
             self.owner = new_owner()  # only without the action plugin, which always sets one
         if self.owner is None and self.state == "released" and not self.force:
             raise ConfigError("owner: required to release without force (the action plugin sets it)")
