@@ -28,14 +28,16 @@ def _text(value, what):
         raise AnsibleFilterError(str(exc))
 
 
-def dlock_unit_value(value, what="unit setting"):
+def dlock_unit_value(value, what="unit setting", specifiers=False):
     """A value for a systemd unit line: one line, no trailing backslash (a
-    line continuation), and % doubled so no specifier is expanded."""
+    line continuation), and % doubled so no specifier is expanded. With
+    specifiers=true (unit_settings: directives the operator writes, some of
+    which, like CPUQuota=50%, take no specifiers at all) % is left as is."""
     text = _text(value, what)
     if text.endswith("\\"):
         raise AnsibleFilterError("%s: %s ends with a backslash, which systemd reads as a line continuation"
                                  % (what, validate.shown(text)))
-    return text.replace("%", "%%")
+    return text if specifiers else text.replace("%", "%%")
 
 
 def dlock_conf_token(value, what="setting"):
