@@ -39,7 +39,7 @@ NO_SPACE = re.compile(r"\S+")
 # PostgreSQL time units (its 'm' is not minutes: it is refused).
 PG_TIME = re.compile(r"([0-9]{1,10})(ms|s|min|h|d)?")
 PG_TIME_UNITS = {"ms": 0.001, None: 0.001, "s": 1, "min": 60, "h": 3600, "d": 86400}
-REDIS_MEMORY = re.compile(r"(?i)[0-9]{1,15}(b|k|kb|m|mb|g|gb)?")
+REDIS_MEMORY = re.compile(r"(?i)([0-9]{1,16})(b|k|kb|m|mb|g|gb)?")
 # chrony source options: words and numbers (iburst, minpoll 4, nts, prefer).
 SOURCE_OPTIONS = re.compile(r"[A-Za-z0-9_.-]+( [A-Za-z0-9_.-]+)*")
 # node_exporter flags: --name or --name=value, the value one plain token (no
@@ -126,11 +126,27 @@ def _pg_time(maximum):
     return run
 
 
+REDIS_UNITS = {None: 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000 ** 2, "mb": 1024 ** 2, "g": 1000 ** 3,
+               "gb": 1024 ** 3}
+MAX_MEMORY = 2 ** 50  # 1 PiB: far from any server, and far from Redis' 64-bit arithmetic
+
+
+def redis_memory_bytes(value):
+    """Bytes of an accepted maxmemory value (Redis: 1k = 1000, 1kb = 1024)."""
+    if isinstance(value, int):
+        return value
+    digits, unit = REDIS_MEMORY.fullmatch(value).groups()
+    return int(digits) * REDIS_UNITS[unit.lower() if unit else None]
+
+
 def _redis_memory(value, field):
     if isinstance(value, int) and not isinstance(value, bool):
-        return validate.integer(value, field, 0, 2 ** 50)
-    return validate.text(value, field, 24, REDIS_MEMORY, "bytes, or a number with b, k, kb, m, mb, g or gb",
-                         kind="memory size")
+        return validate.integer(value, field, 0, MAX_MEMORY)
+    validate.text(value, field, 24, REDIS_MEMORY, "bytes, or a number with b, k, kb, m, mb, g or gb",
+                  kind="memory size")
+    if redis_memory_bytes(value) > MAX_MEMORY:
+        raise ConfigError("%s: %s is more than 1 PiB" % (field, validate.shown(value)))
+    return value
 
 
 def _pg_listen(value, field):
