@@ -40,8 +40,16 @@ NO_SPACE = re.compile(r"\S+")
 PG_TIME = re.compile(r"([0-9]{1,10})(ms|s|min|h|d)?")
 PG_TIME_UNITS = {"ms": 0.001, None: 0.001, "s": 1, "min": 60, "h": 3600, "d": 86400}
 REDIS_MEMORY = re.compile(r"(?i)([0-9]{1,16})(b|k|kb|m|mb|g|gb)?")
-# chrony source options: words and numbers (iburst, minpoll 4, nts, prefer).
-SOURCE_OPTIONS = re.compile(r"[A-Za-z0-9_.-]+( [A-Za-z0-9_.-]+)*")
+# chrony's options of server and pool lines (chrony 4): flags, and options
+# taking a number. Anything else would stop chronyd from starting.
+CHRONY_FLAGS = ("iburst", "burst", "prefer", "noselect", "trust", "require", "xleave", "offline", "auto_offline",
+                "nts", "copy")
+CHRONY_INTEGER_OPTIONS = {"minpoll": (-6, 24), "maxpoll": (-6, 24), "polltarget": (6, 60), "port": (1, 65535),
+                          "presend": (-6, 24), "minsamples": (0, 64), "maxsamples": (0, 64), "filter": (1, 1024),
+                          "version": (1, 4), "key": (1, 2 ** 32 - 1), "certset": (0, 2 ** 31 - 1),
+                          "ntsport": (1, 65535)}
+CHRONY_NUMBER_OPTIONS = ("maxdelay", "maxdelayratio", "maxdelaydevratio", "mindelay", "asymmetry", "offset")
+DECIMAL = re.compile(r"-?[0-9]{1,9}(\.[0-9]{1,9})?")
 # node_exporter flags: --name or --name=value, the value one plain token (no
 # white space, quotes, backslash, $ or `): they go into a double-quoted
 # variable of a file that systemd reads (EnvironmentFile) and shells source.
@@ -201,6 +209,36 @@ def _exporter_flag(value, field):
     return value
 
 
+def _source_options(value, field):
+    """Options of chrony's server and pool lines, e.g. 'iburst minpoll 4':
+    known flags, and known options each followed by a number."""
+    validate.text(value, field, 200, allow_empty=True)
+    words = value.split(" ")
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word in CHRONY_FLAGS:
+            index += 1
+            continue
+        if word in CHRONY_INTEGER_OPTIONS or word in CHRONY_NUMBER_OPTIONS:
+            if index + 1 >= len(words):
+                raise ConfigError("%s: %s: %s needs a number" % (field, validate.shown(value), word))
+            argument = words[index + 1]
+            if word in CHRONY_INTEGER_OPTIONS:
+                minimum, maximum = CHRONY_INTEGER_OPTIONS[word]
+                if not re.fullmatch(r"-?[0-9]{1,10}", argument):
+                    raise ConfigError("%s: %s: %s needs a whole number" % (field, validate.shown(value), word))
+                validate.integer(int(argument), "%s: %s" % (field, word), minimum, maximum)
+            elif not DECIMAL.fullmatch(argument):
+                raise ConfigError("%s: %s: %s needs a number" % (field, validate.shown(value), word))
+            index += 2
+            continue
+        raise ConfigError("%s: %s: %s is not an option of chrony's server and pool lines (flags: %s; with a number: "
+                          "%s)" % (field, validate.shown(value), validate.shown(word), ", ".join(CHRONY_FLAGS),
+                                   ", ".join(sorted(CHRONY_INTEGER_OPTIONS) + list(CHRONY_NUMBER_OPTIONS))))
+    return value
+
+
 def _conf_line(value, field):
     """One verbatim line of a line-oriented configuration file."""
     return validate.text(value, field, 1024)
@@ -271,8 +309,7 @@ TABLES = {
     "dlock_chrony": {
         "dlock_chrony_servers": _items(_hostname),
         "dlock_chrony_pools": _items(_hostname),
-        "dlock_chrony_source_options": _empty_or(_pattern(SOURCE_OPTIONS, "words and numbers separated by single "
-                                                                          "spaces, e.g. iburst minpoll 4")),
+        "dlock_chrony_source_options": _empty_or(_source_options),
         "dlock_chrony_makestep_threshold": _number(0.001, 86400),
         "dlock_chrony_makestep_limit": _integer(1, 1000),
         "dlock_chrony_allow": _items(validate.network, max_items=256),

@@ -11,7 +11,10 @@ roles' templates.
   the intended values (CONFIG GET, ACL GETUSER, AUTH with the password).
 - Every generated accepted dlock_postgresql client list, database and user
   render a pg_hba.conf that a real PostgreSQL reloads with pg_hba_file_rules
-  showing exactly the intended rules: no error, the fixed methods only.
+  showing exactly the intended rules: no error, the fixed methods only; its
+  conf.d file is parsed by PostgreSQL with the intended values.
+- Every generated accepted dlock_chrony setting renders a chrony.conf that
+  chronyd -p reads, line for line as intended.
 
 Example counts are bounded so the whole file stays well under two minutes.
 """
@@ -457,3 +460,66 @@ def test_the_sha256_in_the_redis_acl_is_of_the_password(render):
     text = render("dlock_redis", "dlock.conf.j2", dict(values, __dlock_redis_platform={"config": "/x"}))
     assert "#" + hashlib.sha256(b"Pw-5ecret-for-acl-1").hexdigest() in text
     assert "Pw-5ecret" not in text
+
+
+@st.composite
+def source_options(draw):
+    words = []
+    for _ in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(["flag", "integer", "number"]))
+        if kind == "flag":
+            words.append(draw(st.sampled_from(role_vars.CHRONY_FLAGS)))
+        elif kind == "integer":
+            name = draw(st.sampled_from(sorted(role_vars.CHRONY_INTEGER_OPTIONS)))
+            words += [name, str(draw(st.integers(*role_vars.CHRONY_INTEGER_OPTIONS[name])))]
+        else:
+            words += [draw(st.sampled_from(role_vars.CHRONY_NUMBER_OPTIONS)),
+                      "%g" % draw(st.floats(0, 10, allow_nan=False, allow_infinity=False))]
+    return " ".join(words)
+
+
+@st.composite
+def chrony_settings(draw):
+    values = dict(GOOD["dlock_chrony"])
+    values.update({
+        "dlock_chrony_servers": draw(st.lists(st.one_of(ADDRESSES, HOSTNAMES), max_size=3)),
+        "dlock_chrony_pools": draw(st.lists(HOSTNAMES, max_size=2)),
+        "dlock_chrony_source_options": draw(source_options()),
+        "dlock_chrony_makestep_threshold": draw(st.one_of(
+            st.floats(0.001, 86400, allow_nan=False), st.integers(1, 86400),
+            st.from_regex(r"[0-9]{1,4}(\.[0-9]{1,6})?", fullmatch=True).filter(lambda v: float(v) >= 0.001))),
+        "dlock_chrony_makestep_limit": draw(st.integers(1, 1000)),
+        "dlock_chrony_allow": draw(st.lists(networks(), max_size=3)),
+        "dlock_chrony_local_stratum": draw(st.integers(0, 15)),
+        "dlock_chrony_container_mode": draw(st.booleans()),
+        "dlock_chrony_extra_config": draw(st.lists(st.sampled_from(
+            ["hwtimestamp *", "maxdistance 16.0", "logchange 0.5", "cmdport 0", "minsources 2"]), max_size=3)),
+    })
+    if not (values["dlock_chrony_servers"] or values["dlock_chrony_pools"]):
+        values["dlock_chrony_local_stratum"] = draw(st.integers(1, 15))
+    return values
+
+
+@SERVER
+@given(values=chrony_settings())
+def test_every_accepted_chrony_setting_renders_a_config_chronyd_reads(render, values):
+    """chronyd -p (parse the configuration, print it, exit) takes the file and
+    reads exactly the intended lines."""
+    assert role_vars.role_problems(values, "dlock_chrony") == []
+    platform = {"driftfile": "/var/lib/chrony/chrony.drift", "logdir": "/var/log/chrony",
+                "keyfile": "/etc/chrony/chrony.keys"}
+    text = render("dlock_chrony", "chrony.conf.j2", dict(values, __dlock_chrony_platform=platform))
+    with tempfile.TemporaryDirectory(prefix="dlock-chrony-prop-") as tmp:
+        conf = os.path.join(tmp, "chrony.conf")
+        with open(conf, "w") as handle:
+            handle.write(text)
+        proc = subprocess.run(["chronyd", "-p", "-f", conf], capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr + text
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    assert proc.stdout.splitlines() == lines
+    options = values["dlock_chrony_source_options"]
+    assert [line for line in lines if line.startswith(("server ", "pool "))] == (
+        [("server %s %s" % (s, options)).strip() for s in values["dlock_chrony_servers"]]
+        + [("pool %s %s" % (p, options)).strip() for p in values["dlock_chrony_pools"]])
+    assert [line for line in lines if line.startswith("allow ")] == [
+        "allow " + network for network in values["dlock_chrony_allow"]]
