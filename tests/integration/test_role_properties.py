@@ -15,6 +15,9 @@ roles' templates.
   conf.d file is parsed by PostgreSQL with the intended values.
 - Every generated accepted dlock_chrony setting renders a chrony.conf that
   chronyd -p reads, line for line as intended.
+- Every generated accepted dlock_metrics setting renders refresh units that
+  systemd-analyze verify accepts with the intended lines, and a node_exporter
+  defaults file that a shell reads back as exactly the intended flags.
 
 Example counts are bounded so the whole file stays well under two minutes.
 """
@@ -45,7 +48,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 
 CONTROL_CHARS = [chr(c) for c in range(0x20)] + [chr(c) for c in range(0x7f, 0xa0)] + ["\u2028", "\u2029"]
-FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Servers are slow to start: few examples, and no long shrinking of a failure.
 SERVER = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.function_scoped_fixture],
@@ -474,7 +477,7 @@ def source_options(draw):
             words += [name, str(draw(st.integers(*role_vars.CHRONY_INTEGER_OPTIONS[name])))]
         else:
             words += [draw(st.sampled_from(role_vars.CHRONY_NUMBER_OPTIONS)),
-                      "%g" % draw(st.floats(0, 10, allow_nan=False, allow_infinity=False))]
+                      "%.3f" % draw(st.floats(0, 10, allow_nan=False, allow_infinity=False))]
     return " ".join(words)
 
 
@@ -523,3 +526,68 @@ def test_every_accepted_chrony_setting_renders_a_config_chronyd_reads(render, va
         + [("pool %s %s" % (p, options)).strip() for p in values["dlock_chrony_pools"]])
     assert [line for line in lines if line.startswith("allow ")] == [
         "allow " + network for network in values["dlock_chrony_allow"]]
+
+
+USER_NAME = st.from_regex(r"[a-z_][a-z0-9_-]{0,20}", fullmatch=True).filter(lambda u: u != "root")
+EXPORTER_FLAGS = st.lists(st.from_regex(r"--[a-z0-9][a-z0-9._-]{0,20}(=[A-Za-z0-9_.,:/@+=~*-]{0,20})?",
+                                        fullmatch=True).filter(
+    lambda f: f.split("=", 1)[0] not in role_vars.EXPORTER_OWN_FLAGS), max_size=4)
+
+
+@st.composite
+def metrics_settings(draw):
+    port = draw(st.integers(1, 65535))
+    host = draw(st.one_of(st.just(""), st.ip_addresses(v=4).map(str), st.ip_addresses(v=6).map("[{}]".format),
+                          HOSTNAMES))
+    return dict(GOOD["dlock_metrics"], **{
+        "dlock_metrics_textfile_dir": draw(PATHS),
+        "dlock_metrics_listen_address": "%s:%d" % (host, port),
+        "dlock_metrics_node_exporter_args": draw(EXPORTER_FLAGS),
+        "dlock_metrics_refresh_interval": draw(st.one_of(
+            st.integers(1, 86400), st.tuples(st.integers(1, 1440), st.sampled_from(["s", "m", ""])).map(
+                lambda t: "%d%s" % t))),
+        "dlock_metrics_refresh_user": draw(USER_NAME),
+        "dlock_metrics_runner_bin": "/bin/true",  # systemd-analyze verify wants an executable
+        "dlock_metrics_group": draw(USER_NAME),
+        "dlock_metrics_jobs_dir": draw(PATHS),
+        "dlock_metrics_password_path": draw(PATHS),
+        "dlock_metrics_unit_dir": draw(PATHS),
+    })
+
+
+@settings(SERVER, max_examples=10)
+@given(values=metrics_settings())
+def test_every_accepted_metrics_setting_renders_units_systemd_accepts(render, values):
+    """The refresh units pass systemd-analyze verify with the intended lines;
+    the node_exporter defaults file, read by a shell, gives the intended flags."""
+    assert role_vars.role_problems(values, "dlock_metrics") == []
+    variables = dict(values, __dlock_metrics_platform={"args_variable": "ARGS"},
+                     __dlock_metrics_password={"stat": {"exists": True}},
+                     __dlock_metrics_textfile=values["dlock_metrics_textfile_dir"] + "/dlock-lock-state.prom")
+    with tempfile.TemporaryDirectory(prefix="dlock-metrics-prop-") as tmp:
+        units = {}
+        for kind in ("service", "timer"):
+            units[kind] = render("dlock_metrics", "refresh.%s.j2" % kind, variables)
+            with open(os.path.join(tmp, "prometheus-node-exporter-dlock." + kind), "w") as handle:
+                handle.write(units[kind])
+        proc = subprocess.run(["systemd-analyze", "verify", "--man=no",
+                               os.path.join(tmp, "prometheus-node-exporter-dlock.service"),
+                               os.path.join(tmp, "prometheus-node-exporter-dlock.timer")],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        defaults = os.path.join(tmp, "defaults")
+        with open(defaults, "w") as handle:
+            handle.write(render("dlock_metrics", "node-exporter.defaults.j2", variables))
+        shell = subprocess.run(["/bin/sh", "-c", '. "$1" && printf %s "$ARGS"', "sh", defaults],
+                               capture_output=True, text=True, timeout=30, check=False)
+    assert shell.returncode == 0 and shell.stderr == "", shell.stderr
+    assert shell.stdout.split(" ") == (["--web.listen-address=" + values["dlock_metrics_listen_address"],
+                                        "--collector.textfile.directory=" + values["dlock_metrics_textfile_dir"]]
+                                       + values["dlock_metrics_node_exporter_args"])
+    service = units["service"].splitlines()
+    assert ("ExecStart=/bin/true metrics --jobs-dir %s --unit-dir %s --output %s/dlock-lock-state.prom"
+            % (values["dlock_metrics_jobs_dir"], values["dlock_metrics_unit_dir"],
+               values["dlock_metrics_textfile_dir"])) in service
+    assert "User=%s" % values["dlock_metrics_refresh_user"] in service
+    assert "SupplementaryGroups=%s" % values["dlock_metrics_group"] in service
+    assert "OnUnitActiveSec=%s" % values["dlock_metrics_refresh_interval"] in units["timer"].splitlines()
