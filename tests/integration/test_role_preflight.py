@@ -23,6 +23,7 @@ PLAY = """
         tasks_from: preflight.yml
 """
 
+
 def run_preflight(tmp_path, role, variables):
     playbook = tmp_path / "preflight.yml"
     playbook.write_text(PLAY.format(role=role))
