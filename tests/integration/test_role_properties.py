@@ -468,7 +468,7 @@ def test_the_sha256_in_the_redis_acl_is_of_the_password(render):
 @st.composite
 def source_options(draw):
     words = []
-    for _ in range(draw(st.integers(0, 4))):
+    for _index in range(draw(st.integers(0, 4))):
         kind = draw(st.sampled_from(["flag", "integer", "number"]))
         if kind == "flag":
             words.append(draw(st.sampled_from(role_vars.CHRONY_FLAGS)))
