@@ -392,7 +392,7 @@ def run_cases(tmp_path, fact_cache, roles, hosts_by_role):
                        "ANSIBLE_FORKS": "10", "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default"})
     proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"), "-vvv",
                            str(tmp_path / "play.yml")],
-                          env=env, capture_output=True, text=True, timeout=240, check=False)
+                          env=env, capture_output=True, text=True, timeout=480, check=False)
     output = proc.stdout + proc.stderr
     failures = {}
     for match in re.finditer(r"^fatal: \[([^\]]+)\]: FAILED! => (\{.*?^\})", proc.stdout, re.M | re.S):
