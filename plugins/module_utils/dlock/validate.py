@@ -251,9 +251,17 @@ def path(value, field):
     return value
 
 
+def _no_zone(value, field):
+    """An IPv6 zone (fe80::1%eth0) names an interface of one host: it means
+    nothing elsewhere, and its % is a specifier in systemd units."""
+    if "%" in value:
+        _fail(field, value, "holds a % (an IPv6 zone such as %eth0 is not allowed)")
+
+
 def address(value, field):
     """An IPv4 or IPv6 address, in canonical form."""
     text(value, field, 64)
+    _no_zone(value, field)
     try:
         return str(ipaddress.ip_address(value))
     except ValueError:
@@ -264,6 +272,7 @@ def network(value, field):
     """An address or a network in CIDR form; a bare address means that host
     only (/32 or /128). Host bits set in a network are refused (a typo)."""
     text(value, field, 64)
+    _no_zone(value, field)
     try:
         if "/" in value:
             return str(ipaddress.ip_network(value, strict=True))
@@ -275,6 +284,7 @@ def network(value, field):
 def hostname(value, field):
     """A DNS name (RFC 1123 labels), or an IP address."""
     text(value, field, 253)
+    _no_zone(value, field)
     try:
         return str(ipaddress.ip_address(value))
     except ValueError:
