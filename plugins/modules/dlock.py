@@ -105,10 +105,12 @@ notes:
     ends with the connection or process of the task that took it; query and force release work with them.
   - A lease lock does not give exactly-once side effects; use the returned fencing token (RV(fence)) to make
     writes idempotent.
+  - The node runner C(dlock), its exit codes and the roles that install it are described in the collection's
+    C(README.md), shipped with the collection.
 seealso:
-  - name: dlock.fleet DESIGN and README
-    description: The lock engine, the node runner and its exit codes.
-    link: https://example.invalid/dlock/fleet
+  - plugin: dlock.fleet.dlock_jobs
+    plugin_type: filter
+    description: Checks and normalises the job list that the dlock_jobs role turns into systemd timers.
 """
 
 EXAMPLES = r"""
