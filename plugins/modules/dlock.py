@@ -150,13 +150,18 @@ EXAMPLES = r"""
     wait: 30m
   run_once: true
 
-- name: Skip the rest of the play when another run holds the lock
+- name: Take the lock for the rest of the run, unless another run holds it
   dlock.fleet.dlock:
     key: deploy-web
     hold: true
   register: deploy_lock
-  failed_when: false
+  # Busy is not an error here; anything else (backend down, bad options) is.
+  failed_when: deploy_lock is failed and not (deploy_lock.holder.held | default(false))
   run_once: true
+
+- name: Skip the rest of the play when another run holds the lock
+  ansible.builtin.meta: end_play
+  when: deploy_lock.holder.held and not deploy_lock.acquired
 
 - name: Run the lock operation on the target, with a password file there
   dlock.fleet.dlock:
