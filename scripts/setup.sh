@@ -35,6 +35,14 @@ if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -c 'import ansible, redis, 
   .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
   touch .venv/.installed
 fi
+# The oldest supported ansible-core, for the tests that run on every
+# supported version (tests/integration/test_secrets.py, scripts/matrix.sh).
+if [[ ! -x .venv-2.18/bin/ansible-playbook ]] || [[ requirements-2.18.txt -nt .venv-2.18/.installed ]]; then
+  echo "setup: creating .venv-2.18 (ansible-core 2.18)"
+  python3 -m venv .venv-2.18
+  .venv-2.18/bin/pip install -q --disable-pip-version-check -r requirements-2.18.txt
+  touch .venv-2.18/.installed
+fi
 # ansible-playbook and molecule find the collection through build/ (a link
 # named ansible_collections/dlock/fleet pointing at this checkout).
 mkdir -p build/ansible_collections/dlock
