@@ -14,6 +14,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,7 @@ import role_readmes  # noqa: E402
 
 ROLES = sorted(role_readmes.roles())
 # What a user of the collection needs; nothing else goes in the tarball.
-SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "CHANGELOG.rst", "requirements.txt",
+SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "CONTRIBUTING.md", "LICENSE", "CHANGELOG.rst", "requirements.txt",
                "bindep.txt", "meta", "playbooks", "plugins", "roles", "changelogs", "examples"}
 DEV_PARTS = {"tests", "molecule", "scripts", "build", ".venv", ".ci", ".git", "__pycache__", ".pytest_cache",
              ".ansible", "tests/output"}
@@ -275,3 +276,28 @@ def test_execution_environment_gets_the_drivers(installed):
     assert python == ["redis>=4.3", "psycopg>=3.1"], out.stdout
     assert system == ["libpq [platform:rpm]", "libpq5 [platform:dpkg]"], out.stdout
     assert all("from collection dlock.fleet" in line for line in data["python"] + data["system"])
+
+
+def test_readme_order_and_the_developers_commands():
+    with open(os.path.join(ROOT, "README.md")) as handle:
+        readme = handle.read()
+    sections = [line[3:] for line in readme.splitlines() if line.startswith("## ")]
+    assert sections[:8] == ["Contents", "What it guarantees, and what it does not", "Install",
+                            "Requirements and support matrix", "Five-minute first use",
+                            "Migrating from cron and from flock", "Operations", "Reference"], sections
+    top = readme.split("## Contents", 1)[0]
+    assert "bash scripts/demo.sh" in top and "bash scripts/test.sh" in top
+    for script in ("scripts/demo.sh", "scripts/test.sh"):
+        assert os.access(os.path.join(ROOT, script), os.X_OK), script
+    assert "ansible-galaxy collection install dlock.fleet" in readme and "requirements.yml" in readme
+    # Every entry of the table of contents points at a heading.
+    anchors = set()
+    for line in readme.splitlines():
+        if line.startswith("#") and " " in line:
+            title = line.split(" ", 1)[1].strip().lower()
+            anchors.add("".join(c for c in title if c.isalnum() or c in "-_ ").replace(" ", "-"))
+    links = [link for link in re.findall(r"\]\(#([^)]+)\)", readme)]
+    assert links and all(link in anchors for link in links), [link for link in links if link not in anchors]
+    with open(os.path.join(ROOT, "CONTRIBUTING.md")) as handle:
+        contributing = handle.read()
+    assert "## The lab" in contributing and "## Tests and benchmarks" in contributing
