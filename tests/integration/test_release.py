@@ -301,3 +301,37 @@ def test_readme_order_and_the_developers_commands():
     with open(os.path.join(ROOT, "CONTRIBUTING.md")) as handle:
         contributing = handle.read()
     assert "## The lab" in contributing and "## Tests and benchmarks" in contributing
+
+
+def test_job_entry_keys_are_documented_as_suboptions():
+    """`ansible-doc -t role dlock.fleet.dlock_jobs` shows every key a job entry
+    may have (the filter's list), and a full entry passes the role's spec."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+    from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import UNIT_KEYS
+    from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES
+
+    out = subprocess.run([os.path.join(BIN, "ansible-doc"), "-t", "role", "dlock.fleet.dlock_jobs", "--json"],
+                         capture_output=True, text=True, env=quiet_env(ANSIBLE_COLLECTIONS_PATH=os.path.join(
+                             ROOT, "build")), timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    options = json.loads(out.stdout)["dlock.fleet.dlock_jobs"]["entry_points"]["main"]["options"]
+    entry = options["dlock_jobs_list"]["options"]
+    assert sorted(entry) == sorted(set(UNIT_KEYS) | set(OPTION_NAMES))
+    assert all(spec.get("description") and spec.get("type") for spec in entry.values())
+    job = {"name": "nightly-report", "command": ["/usr/local/bin/nightly-report", "--send"],
+           "schedule": "*-*-* 02:00:00", "randomized_delay": "30s", "accuracy": "1s", "persistent": True,
+           "user": "reports", "group": "reports", "environment": {"REPORT_BUCKET": "reports"},
+           "working_directory": "/srv", "description": "the report", "hardening": True,
+           "read_write_paths": ["/srv/out"], "unit_settings": {"Nice": "5"}, "key": "report", "state": "present",
+           "shell": False, "ttl": "5m", "renew_every": 60, "op_timeout": "2s", "kill_grace": "10s",
+           "on_contention": "wait", "wait_timeout": "5m", "min_hold": 0, "once_per": "1d", "max_runtime": "1h",
+           "max_clock_skew": "2s", "fail_open": False, "exit_codes": {"locked": 0}}
+    assert sorted(job) == sorted(entry)
+    with open(os.path.join(ROOT, "roles", "dlock_jobs", "meta", "argument_specs.yml")) as handle:
+        spec = yaml.safe_load(handle)["argument_specs"]["main"]["options"]
+    result = ArgumentSpecValidator(spec).validate({"dlock_jobs_list": [job, {"name": "old", "state": "absent"}]},
+                                                  validate_role_argument_spec=True)
+    assert result.error_messages == []
+    result = ArgumentSpecValidator(spec).validate({"dlock_jobs_list": [{"name": "x", "schedul": "hourly"}]},
+                                                  validate_role_argument_spec=True)
+    assert result.error_messages and "schedul" in result.error_messages[0]
