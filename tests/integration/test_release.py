@@ -335,3 +335,16 @@ def test_job_entry_keys_are_documented_as_suboptions():
     result = ArgumentSpecValidator(spec).validate({"dlock_jobs_list": [{"name": "x", "schedul": "hourly"}]},
                                                   validate_role_argument_spec=True)
     assert result.error_messages and "schedul" in result.error_messages[0]
+
+
+def test_changelog_has_the_release_of_galaxy_yml():
+    with open(os.path.join(ROOT, "galaxy.yml")) as handle:
+        version = yaml.safe_load(handle)["version"]
+    with open(os.path.join(ROOT, "changelogs", "changelog.yaml")) as handle:
+        releases = yaml.safe_load(handle)["releases"]
+    assert version in releases and releases[version]["changes"]["release_summary"]
+    out = subprocess.run([os.path.join(BIN, "antsibull-changelog"), "lint"], cwd=ROOT, capture_output=True,
+                         text=True, env=quiet_env(), timeout=120, check=False)
+    assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
+    with open(os.path.join(ROOT, "CHANGELOG.rst")) as handle:
+        assert "v%s" % version in handle.read()
