@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Keep the generated parts of each role's README.md in step with the role.
 
     python3 scripts/role_readmes.py          # rewrite the generated blocks

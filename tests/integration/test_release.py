@@ -296,7 +296,7 @@ def test_readme_order_and_the_developers_commands():
         if line.startswith("#") and " " in line:
             title = line.split(" ", 1)[1].strip().lower()
             anchors.add("".join(c for c in title if c.isalnum() or c in "-_ ").replace(" ", "-"))
-    links = [link for link in re.findall(r"\]\(#([^)]+)\)", readme)]
+    links = re.findall(r"\]\(#([^)]+)\)", readme)
     assert links and all(link in anchors for link in links), [link for link in links if link not in anchors]
     with open(os.path.join(ROOT, "CONTRIBUTING.md")) as handle:
         contributing = handle.read()
