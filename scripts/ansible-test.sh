@@ -21,7 +21,7 @@ shift
 mkdir -p "$DEST"
 rsync -a --delete \
   --exclude /.venv --exclude '/.venv-*' --exclude /build --exclude /.git --exclude /tests/output \
-  --exclude .pytest_cache --exclude __pycache__ --exclude '*.pyc' \
+  --exclude .pytest_cache --exclude .hypothesis --exclude __pycache__ --exclude '*.pyc' \
   "$ROOT/" "$DEST/"
 # A repository of its own: inside the checkout's, every copied file would be
 # ignored (build/ is in .gitignore) and ansible-test would find no targets.

@@ -43,7 +43,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import Co
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.hold import process_start
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_args import (
     BACKEND_FIELDS, BACKEND_VAR, MUTUALLY_EXCLUSIVE, REQUIRED_IF, argument_spec)
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import LockFailed, check_backend_url
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import LockFailed, check_params
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import run as run_lock
 
 display = Display()
@@ -208,6 +208,8 @@ class ActionModule(ActionBase):
                 raise ConfigError("; ".join(validation.error_messages))
             params = validation.validated_parameters
             params["owner"] = params["owner"] or run_owner(C.DEFAULT_LOCAL_TMP)
+            # Before any value is used, shown (-vvv) or sent to a target.
+            check_params(params)
             if params["run_on"] == "target":
                 result.update(self._on_target(args, params, task_vars))
             else:
@@ -221,7 +223,6 @@ class ActionModule(ActionBase):
     def _on_target(self, args, params, task_vars):
         if params["hold"]:
             raise ConfigError("hold: runs on the controller only (the renewer lives there); not with run_on=target")
-        check_backend_url(params["backend_url"])  # before the URL travels in the module's arguments
         display.vvv("dlock: %s on %s from the target as %s" % (params["key"], params["backend_url"], params["owner"]))
         return self._execute_module(module_name=MODULE, module_args=dict(args, owner=params["owner"]),
                                     task_vars=task_vars)

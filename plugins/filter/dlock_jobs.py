@@ -1,16 +1,18 @@
 # Copyright: dlock.fleet developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filter `dlock.fleet.dlock_jobs`: validates the dlock_jobs role's job list
-with the engine's own rules (one source of truth for names, options and the
-timing rule) and normalises it for the templates."""
+with the engine's validation core (one source of truth for names, paths,
+durations, options and the timing rule) and returns only checked values, in
+canonical form, for the templates: nothing of an entry reaches a unit or a
+job file without having passed a validator."""
 
 from __future__ import annotations
 
+import re
+
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import validate_key
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.config import ENV_NAME, validate_job_name
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.durations import format_duration, parse_duration
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES, LockOptions
 
@@ -19,29 +21,68 @@ UNIT_KEYS = (
     "environment", "working_directory", "description", "state", "hardening", "read_write_paths",
     "unit_settings", "key",
 )
+# systemd calendar expressions ("Mon..Fri *-*-* 02:00:00 Europe/Berlin",
+# "*:0/5", "hourly") never need %, \, quotes or other punctuation.
+SCHEDULE = re.compile(r"[A-Za-z0-9 _*:,./~+-]+")
+DIRECTIVE = re.compile(r"[A-Z][A-Za-z0-9]{1,63}")
+# Directives the role writes itself and that decide what runs, as whom and
+# how a run is judged: unit_settings may not replace or add to them.
+RESERVED_DIRECTIVES = ("Type", "User", "Group", "DynamicUser", "SupplementaryGroups", "SuccessExitStatus",
+                       "KillMode", "SyslogIdentifier", "PermissionsStartOnly", "RemainAfterExit",
+                       "RootDirectory", "RootImage", "LoadCredential", "LoadCredentialEncrypted",
+                       "SetCredential", "SetCredentialEncrypted", "ImportCredential", "Environment",
+                       "EnvironmentFile", "PassEnvironment", "UnsetEnvironment")
+
+
+def _command(job, where):
+    command = job.get("command")
+    if isinstance(command, str):
+        if not validate.boolean(job.get("shell", False), "%s: shell" % where):
+            raise ConfigError("%s: command is a string; give an argv list, or set shell: true to run it with "
+                              "/bin/sh -c (the string is then shell code)" % where)
+        command = ["/bin/sh", "-c", command]
+    return validate.argv(command, "%s: command" % where)
+
+
+def _environment(values, where):
+    field = "%s: environment" % where
+    validate.mapping(values, field)
+    # Numbers are common in YAML (PORT: 8080); they become their decimal text.
+    as_text = {}
+    for name, value in values.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        as_text[name] = value
+    return validate.environment(as_text, field)
+
+
+def _unit_settings(values, where):
+    field = "%s: unit_settings" % where
+    validate.mapping(values, field)
+    result = {}
+    for name, value in values.items():
+        validate.text(name, "%s: name" % field, 64, DIRECTIVE, "a systemd directive name such as MemoryMax")
+        if name in RESERVED_DIRECTIVES or name.startswith("Exec"):
+            raise ConfigError("%s.%s: is set by the role and cannot be overridden (it decides what runs, "
+                              "as whom, or how a run is judged)" % (field, name))
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        result[name] = validate.text(value, "%s.%s" % (field, name), 1024, allow_empty=True)
+    return result
 
 
 def _job_file(job, where):
     """The content of /etc/dlock/jobs/NAME.json for one job entry."""
-    command = job.get("command")
-    if isinstance(command, str):
-        if not job.get("shell"):
-            raise ConfigError("%s: command is a string; give an argv list, or set shell: true to run it with "
-                              "/bin/sh -c (the string is then shell code)" % where)
-        command = ["/bin/sh", "-c", command]
-    elif not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
-        raise ConfigError("%s: command must be a non-empty list of strings (argv, no shell)" % where)
-    environment = job.get("environment") or {}
-    if not isinstance(environment, dict) or not all(ENV_NAME.match(str(k)) for k in environment):
-        raise ConfigError("%s: environment must map variable names to values" % where)
+    content = {"command": _command(job, where),
+               "environment": _environment(job.get("environment") or {}, where)}
     options = dict((k, job[k]) for k in OPTION_NAMES if job.get(k) is not None)
     LockOptions.from_mapping(options, where)  # raises with the field's name
-    content = {"command": command, "environment": dict((k, str(v)) for k, v in environment.items())}
-    if job.get("key"):
-        content["key"] = validate_key(job["key"])
-    for name in ("working_directory", "description"):
-        if job.get(name):
-            content[name] = str(job[name])
+    if job.get("key") is not None:
+        content["key"] = validate.lock_key(job["key"], "%s: key" % where)
+    if job.get("working_directory") is not None:
+        content["working_directory"] = validate.path(job["working_directory"], "%s: working_directory" % where)
+    if job.get("description"):
+        content["description"] = validate.text(job["description"], "%s: description" % where)
     content.update(options)
     return content
 
@@ -51,50 +92,76 @@ def _check_slot_window(job, where, defaults):
     must fit in half a slot, or nodes could land in different slots."""
     if not job.get("once_per"):
         return
-    once_per = parse_duration(job["once_per"], "%s: once_per" % where)
-    delay = parse_duration(job.get("randomized_delay") or 0, "%s: randomized_delay" % where)
-    skew = parse_duration(job.get("max_clock_skew") or defaults.get("max_clock_skew") or 2, "%s: max_clock_skew" % where)
+    once_per = validate.duration(job["once_per"], "%s: once_per" % where)
+    delay = validate.duration(job.get("randomized_delay") or 0, "%s: randomized_delay" % where)
+    skew = validate.duration(job.get("max_clock_skew") or defaults.get("max_clock_skew") or 2,
+                             "%s: max_clock_skew" % where)
     if delay + skew >= once_per / 2:
         raise ConfigError("%s: randomized_delay (%s) + max_clock_skew (%s) must stay below half of once_per "
                           "(%s), or nodes that fire in the same slot could see different slots"
-                          % (where, format_duration(delay), format_duration(skew), format_duration(once_per)))
+                          % (where, validate.format_duration(delay), validate.format_duration(skew),
+                             validate.format_duration(once_per)))
+
+
+def _present(job, where, defaults):
+    """The checked fields of a present job, for the templates."""
+    if job.get("schedule") is None:
+        raise ConfigError("%s: schedule (a systemd OnCalendar expression) is required" % where)
+    entry = {
+        "name": job["name"], "state": "present",
+        "schedule": validate.text(job["schedule"], "%s: schedule" % where, 256, SCHEDULE,
+                                  "a systemd OnCalendar expression"),
+        "file": _job_file(job, where),
+    }
+    _check_slot_window(job, where, defaults)
+    for name in ("randomized_delay", "accuracy"):
+        if job.get(name) is not None:
+            entry[name + "_sec"] = "%gs" % validate.duration(job[name], "%s: %s" % (where, name))
+    for name in ("persistent", "hardening"):
+        if job.get(name) is not None:
+            entry[name] = validate.boolean(job[name], "%s: %s" % (where, name))
+    for name in ("user", "group"):
+        if job.get(name) is not None:
+            entry[name] = validate.unix_name(job[name], "%s: %s" % (where, name))
+    if job.get("description"):
+        entry["description"] = entry["file"]["description"]
+    entry["read_write_paths"] = validate.items(job.get("read_write_paths") or [], "%s: read_write_paths" % where,
+                                               validate.path)
+    entry["unit_settings"] = _unit_settings(job.get("unit_settings") or {}, where)
+    return entry
+
+
+def _entry(job, index, seen, defaults):
+    where = "dlock_jobs_list[%d]" % index
+    validate.mapping(job, where)
+    name = validate.job_name(job.get("name"), "%s: name" % where)
+    where = "dlock_jobs_list[%d] (%s)" % (index, name)
+    if name in seen:
+        raise ConfigError("%s: duplicate job name; each job needs its own name" % where)
+    seen.add(name)
+    unknown = sorted(set(job) - set(UNIT_KEYS) - set(OPTION_NAMES))
+    if unknown:
+        raise ConfigError("%s: unknown field %s" % (where, ", ".join(validate.shown(k) for k in unknown)))
+    state = job.get("state", "present")
+    if state not in ("present", "absent"):
+        raise ConfigError("%s: state must be present or absent" % where)
+    if state == "absent":
+        return {"name": name, "state": "absent"}
+    return _present(job, where, defaults)
 
 
 def dlock_jobs(jobs, defaults=None):
-    """Validated jobs, each with `file` (the job file's content) added."""
-    if not isinstance(jobs, list):
-        raise AnsibleFilterError("dlock_jobs_list must be a list of job entries")
-    seen = set()
-    result = []
-    for index, job in enumerate(jobs):
-        where = "dlock_jobs_list[%d]" % index
-        try:
-            if not isinstance(job, dict):
-                raise ConfigError("%s: must be a mapping" % where)
-            name = validate_job_name(job.get("name"))
-            where = "dlock_jobs_list[%d] (%s)" % (index, name)
-            if name in seen:
-                raise ConfigError("%s: duplicate job name; each job needs its own name" % where)
-            seen.add(name)
-            unknown = sorted(set(job) - set(UNIT_KEYS) - set(OPTION_NAMES))
-            if unknown:
-                raise ConfigError("%s: unknown field %s" % (where, ", ".join(unknown)))
-            state = job.get("state", "present")
-            if state not in ("present", "absent"):
-                raise ConfigError("%s: state must be present or absent" % where)
-            entry = dict(job, state=state)
-            if state == "present":
-                if not job.get("schedule"):
-                    raise ConfigError("%s: schedule (a systemd OnCalendar expression) is required" % where)
-                entry["file"] = _job_file(job, where)
-                _check_slot_window(job, where, defaults or {})
-                for name_ in ("randomized_delay", "accuracy"):
-                    if job.get(name_) is not None:
-                        entry[name_ + "_sec"] = "%gs" % parse_duration(job[name_], "%s: %s" % (where, name_))
-            result.append(entry)
-        except ConfigError as exc:
-            raise AnsibleFilterError(str(exc))
-    return result
+    """Validated jobs: only checked values, each present job with `file` (the
+    job file's content)."""
+    try:
+        validate.items(jobs, "dlock_jobs_list", lambda job, field: job, max_items=1000)
+        defaults = validate.mapping(defaults or {}, "dlock_runner_defaults")
+        LockOptions.from_mapping(dict((k, v) for k, v in defaults.items() if k in OPTION_NAMES),
+                                 "dlock_runner_defaults")
+        seen = set()
+        return [_entry(job, index, seen, defaults) for index, job in enumerate(jobs)]
+    except ConfigError as exc:
+        raise AnsibleFilterError(str(exc))
 
 
 class FilterModule(object):

@@ -13,14 +13,14 @@ with its message here, in one place.
 from __future__ import annotations
 
 import time
-from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import missing_required_lib
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Holder, open_backend, parse_url, validate_key
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Holder, open_backend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backoff import backoff_cap, backoff_delay
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.config import read_secret
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.durations import format_duration, parse_duration
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import format_duration
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, ConfigError, MissingDriver
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import MIN_TTL
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.runner import new_owner
@@ -36,45 +36,62 @@ class LockFailed(Exception):
 
 
 def check_backend_url(url):
-    """Refuse a missing URL or one with a password, without echoing the URL."""
+    """Refuse a missing URL or one with a password, without echoing the URL
+    (the validation core looks for credentials before anything else)."""
     if not url:
         raise ConfigError("backend_url: required; set it on the task or in the inventory variable "
                           "dlock_backend (url: redis://..., postgresql://...)")
-    if urlsplit(url).password is not None:
-        raise ConfigError("backend_url: contains a password; give it as backend_password or "
-                          "backend_password_file (or dlock_backend.password / password_file) instead")
-    parse_url(url, "backend_url")
+    try:
+        return validate.backend_url(url, "backend_url")
+    except ConfigError as exc:
+        if "contains a password" in str(exc):
+            raise ConfigError("backend_url: contains a password; give it as backend_password or "
+                              "backend_password_file (or dlock_backend.password / password_file) instead")
+        raise
+
+
+def check_params(params):
+    """Every parameter that needs no file: called by the action plugin before
+    it uses any of them (a key names a file of the hold, a URL is shown at
+    -vvv), and by Request on the side that runs the lock."""
+    Request(params, read_files=False)
 
 
 class Request(object):
     """The task's parameters, checked and converted (ConfigError when wrong)."""
 
-    def __init__(self, params):
+    def __init__(self, params, read_files=True):
         self.state = params["state"]
-        self.key = validate_key(params["key"])
-        self.ttl = parse_duration(params["ttl"], "ttl")
-        if self.ttl < MIN_TTL:
-            raise ConfigError("ttl: %s is below the minimum of 1s" % format_duration(self.ttl))
-        self.wait = parse_duration(params["wait"], "wait")
-        self.op_timeout = parse_duration(params["op_timeout"], "op_timeout")
-        if self.op_timeout <= 0:
-            raise ConfigError("op_timeout: must be greater than 0")
+        self.url = params.get("backend_url")
+        check_backend_url(self.url)
+        self.key = validate.lock_key(params["key"], "key")
+        self.ttl = validate.duration(params["ttl"], "ttl", MIN_TTL)
+        self.wait = validate.duration(params["wait"], "wait")
+        self.op_timeout = validate.duration(params["op_timeout"], "op_timeout", positive=True)
         self.force = params["force"]
         self.reason = params.get("reason")
+        if self.reason is not None:
+            validate.text(self.reason, "reason", 500, allow_empty=True)
         if self.force and self.state != "released":
             raise ConfigError("force: only applies to state=released")
         if self.force and not (self.reason or "").strip():
             raise ConfigError("reason: say why the lock is broken (force=true needs a reason)")
         if params.get("hold") and self.state != "acquired":
             raise ConfigError("hold: only applies to state=acquired")
-        self.url = params.get("backend_url")
-        check_backend_url(self.url)
         self.ca_file = params.get("ca_file")
+        if self.ca_file is not None:
+            validate.path(self.ca_file, "ca_file")
         self.password = params.get("backend_password")
+        if self.password is not None:
+            validate.text(self.password, "backend_password", 1024, secret=True)
         if params.get("backend_password_file"):
-            self.password = read_secret(params["backend_password_file"], "backend_password_file")
+            validate.path(params["backend_password_file"], "backend_password_file")
+            if read_files:
+                self.password = read_secret(params["backend_password_file"], "backend_password_file")
         self.owner = params.get("owner")
-        if self.owner is None and self.state == "acquired":
+        if self.owner is not None:
+            validate.text(self.owner, "owner", 200)
+        if self.owner is None and self.state == "acquired" and read_files:
             self.owner = new_owner()  # only without the action plugin, which always sets one
         if self.owner is None and self.state == "released" and not self.force:
             raise ConfigError("owner: required to release without force (the action plugin sets it)")
@@ -82,7 +99,7 @@ class Request(object):
 
 def run(params, check_mode=False, diff=False):
     """The result dict of the task; raises LockFailed."""
-    url = params.get("backend_url")
+    url = validate.redact_url(params.get("backend_url"))
     try:
         request = Request(params)
         backend = open_backend(request.url, request.password, request.op_timeout, request.ca_file)
@@ -91,8 +108,8 @@ def run(params, check_mode=False, diff=False):
         finally:
             backend.close()
     except MissingDriver as exc:
-        raise LockFailed("%s (%s)" % (missing_required_lib(exc.package, reason="for the %s:// backend"
-                                                           % urlsplit(url).scheme), exc))
+        raise LockFailed("%s (%s)" % (missing_required_lib(exc.package, reason="for the %s backend"
+                                                           % request.url.split("://")[0]), exc))
     except AuthError as exc:
         raise LockFailed("authentication to the lock backend %s failed: %s; check backend_password or "
                          "backend_password_file (dlock_backend.password / password_file)" % (url, exc))

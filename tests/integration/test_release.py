@@ -87,7 +87,7 @@ def make_used(tree):
         os.makedirs(os.path.join(tree, where, "__pycache__"), exist_ok=True)
         with open(os.path.join(tree, where, "__pycache__", "x.cpython-311.pyc"), "wb") as handle:
             handle.write(b"\0")
-    for where in (".pytest_cache/v", "tests/output/.tmp", ".ansible/tmp"):
+    for where in (".pytest_cache/v", ".hypothesis/examples", "tests/output/.tmp", ".ansible/tmp"):
         os.makedirs(os.path.join(tree, where))
     with open(os.path.join(tree, "dlock-fleet-0.0.9.tar.gz"), "wb") as handle:
         handle.write(b"old")

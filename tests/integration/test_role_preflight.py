@@ -1,7 +1,7 @@
-"""Every role documents its variables in meta/argument_specs.yml; the backend
-roles' preflight refuses bad input with a message that names the
-problem and never the secret, even at -vvv. Only the preflight tasks run (on
-localhost; they assert and ask `systemctl is-system-running`, nothing else)."""
+"""Every role documents its variables in meta/argument_specs.yml, and the
+backend roles' preflight passes good input (bad input: test_role_hostile.py).
+Only the preflight tasks run (on localhost; they assert and ask
+`systemctl is-system-running`, nothing else)."""
 
 import os
 import subprocess
@@ -12,7 +12,7 @@ import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_cli import BIN, ROOT, ansible_env
 
-SECRET = "Sekr3t-but-short"  # 16 characters; the cases below break it in one way each
+SECRET = "Sekr3t-but-short"  # 16 characters
 
 PLAY = """
 - hosts: localhost
@@ -23,23 +23,6 @@ PLAY = """
         tasks_from: preflight.yml
 """
 
-CASES = [
-    # (role, variables, expected message fragment)
-    ("dlock_redis", {"dlock_redis_password": SECRET[:-1]}, "dlock_redis_password must be set, 16+ characters"),
-    ("dlock_redis", {"dlock_redis_password": SECRET + " x"}, "dlock_redis_password has white space"),
-    ("dlock_redis", {"dlock_redis_password": SECRET, "dlock_redis_admin_password": SECRET[:8]},
-     "dlock_redis_admin_password must be empty or 16+ characters"),
-    ("dlock_redis", {"dlock_redis_password": SECRET, "dlock_redis_user": "dlock on >x"},
-     "must be distinct names of letters"),
-    ("dlock_redis", {"dlock_redis_password": SECRET, "dlock_redis_user": "default"}, "not 'default'"),
-    ("dlock_postgresql", {"dlock_postgresql_password": SECRET[:-1], "dlock_postgresql_clients": ["10.0.0.0/24"]},
-     "dlock_postgresql_password must be set, 16+ characters"),
-    ("dlock_postgresql", {"dlock_postgresql_password": SECRET + "\u00e9", "dlock_postgresql_clients": ["10.0.0.0/24"]},
-     "only printable ASCII"),
-    ("dlock_postgresql", {"dlock_postgresql_password": SECRET + "\n", "dlock_postgresql_clients": ["10.0.0.0/24"]},
-     "only printable ASCII"),
-]
-
 
 def run_preflight(tmp_path, role, variables):
     playbook = tmp_path / "preflight.yml"
@@ -49,16 +32,6 @@ def run_preflight(tmp_path, role, variables):
     argv = [os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local",
             "-e", "ansible_python_interpreter=" + sys.executable, "-e", "@" + str(extra), "-vvv", str(playbook)]
     return subprocess.run(argv, env=ansible_env(), capture_output=True, text=True, timeout=120, check=False)
-
-
-@pytest.mark.parametrize("role, variables, message", CASES, ids=[c[2][:40] for c in CASES])
-def test_bad_input_is_named_and_the_secret_never_shown(tmp_path, role, variables, message):
-    proc = run_preflight(tmp_path, role, variables)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
-    assert message in out, out
-    for secret in {v.strip() for k, v in variables.items() if k.endswith("password")}:
-        assert secret[:12] not in out
 
 
 @pytest.mark.parametrize("role, variables", [

@@ -6,10 +6,10 @@ import socket
 import sys
 import time
 
-from . import __version__, clock, lockstate, report
+from . import __version__, clock, lockstate, report, validate
 from .backends import open_backend
 from .config import load_settings
-from .durations import format_duration
+from .validate import format_duration
 from .errors import EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
 from .runner import run
 
@@ -181,7 +181,8 @@ def _status_rows(settings, jobs):
 
 
 def cmd_status(args):
-    settings = load_settings(_flags(args), job=args.job)
+    # A job named without --key must exist: a typo is not "free".
+    settings = load_settings(_flags(args), job=args.job, job_must_exist=bool(args.job and not args.key))
     rows = _status_rows(settings, _jobs_to_show(settings, args))
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
@@ -205,6 +206,7 @@ def cmd_status(args):
 def cmd_release(args):
     if not args.job and not args.key:
         raise ConfigError("release: name the lock with --job or --key")
+    validate.text(args.reason, "--reason", 500)
     if not args.reason.strip():
         raise ConfigError("release: --reason must say why")
     settings = load_settings(_flags(args), job=args.job)
@@ -225,8 +227,7 @@ def cmd_check_clock(args):
     settings = load_settings(_flags(args))
     bound = settings.options.max_clock_skew
     if args.max_skew:
-        from .durations import parse_duration
-        bound = parse_duration(args.max_skew, "--max-skew")
+        bound = validate.duration(args.max_skew, "--max-skew")
     backend = _open(settings)
     try:
         result = clock.assess(backend, bound)
@@ -252,6 +253,9 @@ def cmd_check_clock(args):
 
 def cmd_metrics(args):
     settings = load_settings(_flags(args))
+    if args.output not in (None, "-"):
+        validate.path(args.output, "--output")
+    validate.path(args.unit_dir, "--unit-dir")
     output = args.output or (settings.metrics_dir and settings.metrics_dir.rstrip("/") + "/dlock-lock-state.prom")
     if not output:
         raise ConfigError("metrics: give --output FILE, or set metrics_dir in the config")

@@ -5,46 +5,38 @@ defaults. Files are JSON (Ansible writes them with to_nice_json). Unknown
 keys, bad values and missing files are ConfigErrors naming the file and field.
 """
 
-import json
 import os
-import re
 
-from .backends import parse_url, validate_key
+from . import validate
 from .errors import ConfigError
 from .options import OPTION_NAMES, LockOptions
+from .safefile import MAX_SECRET_BYTES, read_regular
 
 DEFAULT_CONFIG = "/etc/dlock/dlock.json"
 DEFAULT_JOBS_DIR = "/etc/dlock/jobs"
 CREDENTIAL_NAME = "dlock-backend"  # systemd LoadCredential= name of the password
 
 GLOBAL_KEYS = ("backend", "password_file", "ca_file", "jobs_dir", "metrics_dir", "defaults")
+GLOBAL_PATHS = ("password_file", "ca_file", "jobs_dir", "metrics_dir")
 JOB_KEYS = ("command", "key", "environment", "working_directory", "description") + OPTION_NAMES
-# Job names become unit names (dlock-NAME.service) and file names: no '@'
-# (template units), no '/', nothing systemd would escape.
-JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def validate_job_name(name):
-    if not isinstance(name, str) or not JOB_NAME.match(name):
-        raise ConfigError(
-            "job: %r is not a valid job name (1-64 characters: letters, digits and _ . -, starting "
-            "with a letter or digit; it becomes the unit name dlock-NAME.service, so no '@', '/' "
-            "or spaces, which systemd would treat specially or escape)" % (name,))
-    return name
+    # Job names become unit names (dlock-NAME.service) and file names.
+    return validate.job_name(name, "job")
 
 
 def load_json(path, what, required):
-    """The JSON object in `path`; {} when absent and not required."""
+    """The JSON object in `path`; {} when absent and not required. Duplicate
+    keys, NaN and Infinity are refused, and so is anything but a regular file."""
     try:
-        with open(path) as handle:
-            text = handle.read()
-    except (IOError, OSError) as exc:
-        if not required and not os.path.exists(path):
+        text = read_regular(path, what)
+    except FileNotFoundError:
+        if not required:
             return {}
-        raise ConfigError("%s %s: cannot read (%s)" % (what, path, exc.strerror or exc))
+        raise ConfigError("%s %s: cannot read (No such file or directory)" % (what, path))
     try:
-        data = json.loads(text)
+        data = validate.parse_json(text)
     except ValueError as exc:
         raise ConfigError("%s %s: not valid JSON (%s)" % (what, path, exc))
     if not isinstance(data, dict):
@@ -56,17 +48,21 @@ def _check_keys(data, allowed, where):
     unknown = sorted(set(data) - set(allowed))
     if unknown:
         raise ConfigError("%s: unknown field %s (allowed: %s)"
-                          % (where, ", ".join(repr(k) for k in unknown), ", ".join(allowed)))
+                          % (where, ", ".join(validate.shown(k) for k in unknown), ", ".join(allowed)))
 
 
 def read_secret(path, where):
+    """The password in the regular file `path` (one line); never shown."""
     try:
-        with open(path) as handle:
-            secret = handle.read().rstrip("\r\n")
-    except (IOError, OSError) as exc:
-        raise ConfigError("%s: cannot read password file %s (%s)" % (where, path, exc.strerror or exc))
+        secret = read_regular(path, "%s: password file" % where, MAX_SECRET_BYTES)
+    except FileNotFoundError:
+        raise ConfigError("%s: cannot read password file %s (No such file or directory)" % (where, path))
+    secret = secret[:-1] if secret.endswith("\n") else secret
+    secret = secret[:-1] if secret.endswith("\r") else secret
     if not secret:
         raise ConfigError("%s: password file %s is empty" % (where, path))
+    if validate.CONTROL.search(secret):
+        raise ConfigError("%s: password file %s holds more than one line or a control character" % (where, path))
     return secret
 
 
@@ -89,34 +85,41 @@ class Settings(object):
         self.job_path = None
 
 
-def load_settings(flags, job=None, command=None, need_command=False):
+def load_settings(flags, job=None, command=None, need_command=False, job_must_exist=False):
     """Settings from files and flags. `flags` maps option names to raw values
-    (None when not given); `command` is the argv given after --, if any."""
+    (None when not given); `command` is the argv given after --, if any.
+    Everything is checked here, before any backend is contacted."""
     settings = Settings()
     explicit = flags.get("config") is not None
-    settings.config_path = flags.get("config") or DEFAULT_CONFIG
+    settings.config_path = validate.path(flags.get("config") or DEFAULT_CONFIG, "--config")
     global_cfg = load_json(settings.config_path, "config", required=explicit)
     where = "config %s" % settings.config_path
     _check_keys(global_cfg, GLOBAL_KEYS, where)
     defaults = global_cfg.get("defaults") or {}
-    if not isinstance(defaults, dict):
-        raise ConfigError("%s: defaults: must be a JSON object" % where)
+    validate.mapping(defaults, "%s: defaults" % where)
     _check_keys(defaults, OPTION_NAMES, "%s: defaults" % where)
-    for name in ("backend", "password_file", "ca_file", "jobs_dir", "metrics_dir"):
-        if name in global_cfg and not isinstance(global_cfg[name], str):
-            raise ConfigError("%s: %s: must be a string" % (where, name))
+    LockOptions.parse_values(defaults, "%s: defaults" % where)  # a bad default is named where it is
+    for name in GLOBAL_PATHS:
+        if global_cfg.get(name) is not None:
+            validate.path(global_cfg[name], "%s: %s" % (where, name))
+    for name in ("jobs_dir", "password_file", "ca_file", "metrics_dir"):
+        if flags.get(name) is not None:
+            validate.path(flags[name], "--" + name.replace("_", "-"))
 
     settings.jobs_dir = flags.get("jobs_dir") or global_cfg.get("jobs_dir") or DEFAULT_JOBS_DIR
     job_cfg = {}
     if job is not None:
         settings.job = validate_job_name(job)
         settings.job_path = os.path.join(settings.jobs_dir, job + ".json")
-        job_cfg = load_json(settings.job_path, "job file", required=need_command and not command)
+        job_cfg = load_json(settings.job_path, "job file",
+                            required=job_must_exist or (need_command and not command))
         _check_keys(job_cfg, JOB_KEYS, "job file %s" % settings.job_path)
     job_where = "job file %s" % settings.job_path
 
-    settings.backend_url = flags.get("backend") or global_cfg.get("backend")
-    parse_url(settings.backend_url, "backend (--backend or %s)" % where if not flags.get("backend") else "--backend")
+    if flags.get("backend"):
+        settings.backend_url = validate.backend_url(flags["backend"], "--backend").url
+    else:
+        settings.backend_url = validate.backend_url(global_cfg.get("backend"), "backend (--backend or %s)" % where).url
     # A flag wins; then the systemd credential (how job units running as any
     # user get it); then the config's password_file (root at a terminal).
     credentials = os.environ.get("CREDENTIALS_DIRECTORY")
@@ -132,19 +135,26 @@ def load_settings(flags, job=None, command=None, need_command=False):
 
     if job is None:
         settings.options = LockOptions.from_mapping(_options_of(defaults, {}, flags), where)
-        settings.key = validate_key(flags.get("key")) if flags.get("key") else None
+        settings.key = validate.lock_key(flags["key"], "--key") if flags.get("key") else None
         return settings
 
-    settings.key = validate_key(flags.get("key") or job_cfg.get("key") or job)
+    if flags.get("key"):
+        settings.key = validate.lock_key(flags["key"], "--key")
+    elif job_cfg.get("key") is not None:
+        settings.key = validate.lock_key(job_cfg["key"], "%s: key" % job_where)
+    else:
+        settings.key = validate.lock_key(job, "key (the job name)")
     settings.options = LockOptions.from_mapping(_options_of(defaults, job_cfg, flags), job_where)
+    if "description" in job_cfg:
+        validate.text(job_cfg["description"], "%s: description" % job_where, allow_empty=True)
     settings.command = command or job_cfg.get("command")
     if need_command:
-        settings.command = _check_command(settings.command, job_where, bool(command))
-    env = job_cfg.get("environment") or {}
-    if not isinstance(env, dict) or not all(ENV_NAME.match(str(k)) and isinstance(v, str) for k, v in env.items()):
-        raise ConfigError("%s: environment: must map variable names to strings" % job_where)
-    settings.environment = env
-    settings.working_directory = job_cfg.get("working_directory")
+        if not settings.command:
+            raise ConfigError("%s: no command: give one after '--' or set \"command\" in the job file" % job_where)
+        settings.command = validate.argv(settings.command, "argv" if command else "%s: command" % job_where)
+    settings.environment = validate.environment(job_cfg.get("environment") or {}, "%s: environment" % job_where)
+    if job_cfg.get("working_directory") is not None:
+        settings.working_directory = validate.path(job_cfg["working_directory"], "%s: working_directory" % job_where)
     return settings
 
 
@@ -153,12 +163,3 @@ def _options_of(defaults, job_cfg, flags):
     merged.update((k, v) for k, v in job_cfg.items() if k in OPTION_NAMES)
     merged.update((k, v) for k, v in flags.items() if k in OPTION_NAMES and v is not None)
     return merged
-
-
-def _check_command(command, where, from_argv):
-    if not command:
-        raise ConfigError("%s: no command: give one after '--' or set \"command\" in the job file" % where)
-    if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
-        raise ConfigError("%s: command: must be a list of strings (argv, no shell); "
-                          "for a shell line use [\"/bin/sh\", \"-c\", \"...\"]" % ("argv" if from_argv else where))
-    return command

@@ -5,8 +5,9 @@ killed its job before the lease can expire on the backend, so
     renew_every + op_timeout + kill_grace + clock margin < ttl.
 """
 
-from .durations import format_duration, parse_duration
+from . import validate
 from .errors import EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, EXIT_DUPLICATE, EXIT_LOCK_LOST, EXIT_LOCKED, ConfigError
+from .validate import MAX_DURATION, format_duration
 
 DURATION_OPTIONS = (
     "ttl", "renew_every", "wait_timeout", "min_hold", "once_per",
@@ -25,12 +26,37 @@ DEFAULT_EXIT_CODES = {
 }
 
 MIN_TTL = 1.0
+# Bounds of each duration option: (minimum, must be above 0). Every one is at
+# most validate.MAX_DURATION (30 days).
+DURATION_BOUNDS = {
+    "ttl": (MIN_TTL, True),
+    "renew_every": (0.0, True),
+    "op_timeout": (0.0, True),
+    "kill_grace": (0.0, False),
+    "wait_timeout": (0.0, False),
+    "min_hold": (0.0, False),
+    "once_per": (1.0, True),
+    "max_runtime": (0.0, True),
+    "max_clock_skew": (0.0, False),
+}
 
 
 def clock_margin(ttl):
     """Slack for rate differences between our monotonic clock and the backend's
     clock, and for scheduling delay of the kill: 2% of the TTL, at least 100ms."""
     return max(0.1, ttl * 0.02)
+
+
+def check_exit_codes(codes, field):
+    """The job option `exit_codes`: known names to codes 0-255."""
+    validate.mapping(codes, field)
+    for name, code in codes.items():
+        if name not in DEFAULT_EXIT_CODES:
+            raise ConfigError("%s: unknown name %s (known: %s)"
+                              % (field, validate.shown(name), ", ".join(sorted(DEFAULT_EXIT_CODES))))
+        if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+            raise ConfigError("%s.%s: %s is not an exit code (0-255)" % (field, name, validate.shown(code)))
+    return codes
 
 
 class LockOptions(object):
@@ -60,13 +86,14 @@ class LockOptions(object):
         return clock_margin(self.ttl)
 
     def validate(self):
-        if self.ttl < MIN_TTL:
-            raise ConfigError("ttl: %s is below the minimum of 1s" % format_duration(self.ttl))
-        if self.on_contention not in ("skip", "wait"):
-            raise ConfigError("on_contention: %r must be 'skip' or 'wait'" % (self.on_contention,))
-        for name in ("renew_every", "op_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigError("%s: must be greater than 0" % name)
+        # Every duration again, whatever built this object: a NaN compares
+        # false with everything and would slip through the budget rule below.
+        for name, (minimum, positive) in DURATION_BOUNDS.items():
+            value = getattr(self, name)
+            if value is not None:
+                validate.duration(value, name, minimum, MAX_DURATION, positive)
+        validate.choice(self.on_contention, "on_contention", ("skip", "wait"))
+        validate.boolean(self.fail_open, "fail_open")
         budget = self.renew_every + self.op_timeout + self.kill_grace + self.margin
         if budget >= self.ttl:
             raise ConfigError(
@@ -76,40 +103,34 @@ class LockOptions(object):
                 % tuple(format_duration(v) for v in (
                     self.renew_every, self.op_timeout, self.kill_grace, self.margin, budget, self.ttl))
             )
-        if self.once_per is not None and self.once_per < 1:
-            raise ConfigError("once_per: %s is below the minimum of 1s" % format_duration(self.once_per))
-        if self.max_runtime is not None and self.max_runtime <= 0:
-            raise ConfigError("max_runtime: must be greater than 0")
-        for name, code in self.exit_codes.items():
-            if name not in DEFAULT_EXIT_CODES:
-                raise ConfigError("exit_codes: unknown name %r (known: %s)"
-                                  % (name, ", ".join(sorted(DEFAULT_EXIT_CODES))))
-            if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
-                raise ConfigError("exit_codes.%s: %r is not an exit code (0-255)" % (name, code))
+        check_exit_codes(self.exit_codes, "exit_codes")
 
     @classmethod
     def from_mapping(cls, values, where):
         """Options from a dict of raw values (JSON file or flags); `where` prefixes errors."""
+        kwargs = cls.parse_values(values, where)
+        try:
+            return cls(**kwargs)
+        except ConfigError as exc:
+            raise ConfigError("%s: %s" % (where, exc) if where else str(exc))
+
+    @staticmethod
+    def parse_values(values, where):
+        """Each option checked on its own (type and bounds), not yet together."""
         kwargs = {}
         for name, raw in values.items():
             if raw is None:
                 continue
             field = "%s: %s" % (where, name) if where else name
-            if name in DURATION_OPTIONS:
-                kwargs[name] = parse_duration(raw, field)
+            if name in DURATION_BOUNDS:
+                minimum, positive = DURATION_BOUNDS[name]
+                kwargs[name] = validate.duration(raw, field, minimum, MAX_DURATION, positive)
             elif name == "fail_open":
-                if not isinstance(raw, bool):
-                    raise ConfigError("%s: %r must be true or false" % (field, raw))
-                kwargs[name] = raw
+                kwargs[name] = validate.boolean(raw, field)
             elif name == "on_contention":
-                kwargs[name] = raw
+                kwargs[name] = validate.choice(raw, field, ("skip", "wait"))
             elif name == "exit_codes":
-                if not isinstance(raw, dict):
-                    raise ConfigError("%s: must be a mapping of name to exit code" % field)
-                kwargs[name] = raw
+                kwargs[name] = check_exit_codes(raw, field)
             else:
                 raise ConfigError("%s: unknown option" % field)
-        try:
-            return cls(**kwargs)
-        except ConfigError as exc:
-            raise ConfigError("%s: %s" % (where, exc) if where else str(exc))
+        return kwargs

@@ -20,6 +20,7 @@ from .deadline import LeaseDeadline
 from .errors import BackendError, ClockUnsafe, DlockError
 from .heartbeat import Heartbeat
 from .slots import marker_ttl, run_id, slot_number
+from .validate import shown
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_MAX_RUNTIME = 124  # as timeout(1): the job was stopped for running too long
@@ -104,9 +105,15 @@ class Runner(object):
         fence = grant.fence
         self.record.update(fence=fence, run_id=run_id(self.s.job, slot and slot.number, self.o.once_per, fence))
         self.gauges.update(dlock_fencing_token=fence, dlock_lock_held=1, dlock_lock_age_seconds=0)
-        self._write_metrics(None, None, None)
-        deadline = LeaseDeadline(self.o.ttl, self.o.margin, self.o.kill_grace, sent)
-        code, result = self._supervise(backend, deadline)
+        try:
+            self._write_metrics(None, None, None)
+            deadline = LeaseDeadline(self.o.ttl, self.o.margin, self.o.kill_grace, sent)
+            code, result = self._supervise(backend, deadline)
+        except BaseException as exc:
+            # Whatever failed after the grant, the lease is not left held.
+            self.record["error"] = "after the grant: %s" % (exc or exc.__class__.__name__)
+            self._release(backend, "failed", None)
+            raise
         self._release(backend, result, code)
         return code, result
 
@@ -131,8 +138,8 @@ class Runner(object):
     def _spawn(self, env):
         try:
             return Child(self.s.command, env, self.s.working_directory)
-        except OSError as exc:
-            self.record["error"] = "cannot start %s: %s" % (self.s.command[0], exc.strerror or exc)
+        except (OSError, ValueError) as exc:
+            self.record["error"] = "cannot start %s: %s" % (shown(self.s.command[0]), getattr(exc, "strerror", None) or exc)
             return None
 
     def _supervise(self, backend, deadline):

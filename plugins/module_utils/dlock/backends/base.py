@@ -1,19 +1,25 @@
 """What every backend offers, and the values it returns."""
 
-import re
+import math
 
+from .. import validate
 from ..errors import ConfigError
 
-KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,199}$")
+
+def validate_key(key, field="key"):
+    return validate.lock_key(key, field)
 
 
-def validate_key(key):
-    if not isinstance(key, str) or not KEY_PATTERN.match(key):
-        raise ConfigError(
-            "key: %r is not a valid lock key (1-200 characters: letters, digits and _ . : @ -, "
-            "starting with a letter or digit)" % (key,)
-        )
-    return key
+def lease_ms(seconds, field="ttl", minimum=1.0, maximum=validate.MAX_DURATION):
+    """A lease or marker length in whole milliseconds for the server: finite
+    and bounded, so no grant can ever be written without an expiry (a Lua
+    overflow or a NULL interval would mean one). The last wall before the
+    backend: options are checked long before this."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or not minimum <= seconds <= maximum:
+        raise ConfigError("%s: %s is not a lease length from %gs to %s"
+                          % (field, validate.shown(seconds), minimum, validate.format_duration(maximum)))
+    return int(math.ceil(seconds * 1000))
 
 
 class Slot(object):

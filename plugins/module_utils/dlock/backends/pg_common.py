@@ -9,7 +9,8 @@ import json
 import math
 
 from ..errors import AuthError, BackendError, MissingDriver
-from .base import Backend, Grant, Holder
+from ..validate import MAX_DURATION
+from .base import Backend, Grant, Holder, lease_ms
 
 try:
     import psycopg
@@ -216,7 +217,8 @@ class PgBackend(Backend):
     @staticmethod
     def _claim_slot(conn, key, owner, slot):
         conn.execute(PRUNE_SLOTS, (key,))
-        return conn.execute(CLAIM_SLOT, (key, slot.number, owner, _ms(slot.marker_ttl))).fetchone() is not None
+        marker_ms = lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION)
+        return conn.execute(CLAIM_SLOT, (key, slot.number, owner, marker_ms)).fetchone() is not None
 
     @staticmethod
     def _upsert(conn, key, owner, ttl_ms):
@@ -226,6 +228,6 @@ class PgBackend(Backend):
 
     @staticmethod
     def _release_row(conn, key, owner, min_hold, last):
-        params = {"key": key, "owner": owner, "min_hold_ms": _ms(min_hold),
+        params = {"key": key, "owner": owner, "min_hold_ms": lease_ms(min_hold, "min_hold", 0.0),
                   "last": json.dumps(last, sort_keys=True) if last else None}
         return conn.execute(RELEASE, params).fetchone() is not None

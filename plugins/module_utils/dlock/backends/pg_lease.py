@@ -1,8 +1,8 @@
 """PostgreSQL lease table: the lease is a row whose expiry comes from the
 server's now(); it survives reconnects, server restarts and PgBouncer."""
 
-from .base import Grant
-from .pg_common import FORCE_RELEASE, PgBackend, Refused, _ms
+from .base import Grant, lease_ms
+from .pg_common import FORCE_RELEASE, PgBackend, Refused
 
 
 class PgLeaseBackend(PgBackend):
@@ -11,7 +11,7 @@ class PgLeaseBackend(PgBackend):
     def acquire(self, key, owner, ttl, slot=None):
         def grant(conn):
             if slot is None:  # one atomic statement: no transaction round trips
-                fence = self._upsert(conn, key, owner, _ms(ttl))
+                fence = self._upsert(conn, key, owner, lease_ms(ttl))
                 return Grant("granted", fence=fence) if fence is not None else self._refusal(conn, key, None, "locked")
             try:
                 # One transaction: the slot claim is undone when the lease is busy.
@@ -19,7 +19,7 @@ class PgLeaseBackend(PgBackend):
                 with conn.transaction():
                     if not self._claim_slot(conn, key, owner, slot):
                         raise Refused("duplicate")
-                    fence = self._upsert(conn, key, owner, _ms(ttl))
+                    fence = self._upsert(conn, key, owner, lease_ms(ttl))
                     if fence is None:
                         raise Refused("locked")
             except Refused as refused:
@@ -33,7 +33,7 @@ class PgLeaseBackend(PgBackend):
             return conn.execute(
                 "UPDATE dlock_lease SET expires_at = now() + %s * interval '1 millisecond' "
                 "WHERE key = %s AND owner = %s AND expires_at > now() RETURNING 1",
-                (_ms(ttl), key, owner)).fetchone() is not None
+                (lease_ms(ttl), key, owner)).fetchone() is not None
         return self._run(renew)
 
     def release(self, key, owner, min_hold=0.0, last=None):

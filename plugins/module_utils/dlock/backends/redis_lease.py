@@ -12,7 +12,8 @@ tag keeps one lock's keys in one cluster slot):
 import json
 
 from ..errors import AuthError, BackendError, MissingDriver
-from .base import Backend, Grant, Holder
+from ..validate import MAX_DURATION
+from .base import Backend, Grant, Holder, lease_ms
 
 try:
     import redis
@@ -126,8 +127,8 @@ class RedisBackend(Backend):
         keys, marker_ms = [lease, fence], 0
         if slot is not None:
             keys.append("dlock:{%s}:slot:%d" % (key, slot.number))
-            marker_ms = int(slot.marker_ttl * 1000)
-        reply = self._script(ACQUIRE, keys, [owner, int(ttl * 1000), marker_ms])
+            marker_ms = lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION)
+        reply = self._script(ACQUIRE, keys, [owner, lease_ms(ttl), marker_ms])
         status = reply[0]
         if status == "granted":
             return Grant("granted", fence=int(reply[1]))
@@ -139,12 +140,12 @@ class RedisBackend(Backend):
             ttl_remaining=max(0, int(pttl)) / 1000.0, server_time=int(now_ms) / 1000.0))
 
     def renew(self, key, owner, ttl):
-        return self._script(RENEW, [_keys(key)[0]], [owner, int(ttl * 1000)]) == 1
+        return self._script(RENEW, [_keys(key)[0]], [owner, lease_ms(ttl)]) == 1
 
     def release(self, key, owner, min_hold=0.0, last=None):
         lease, _fence, last_key = _keys(key)
         record = json.dumps(last, sort_keys=True) if last else ""
-        return self._script(RELEASE, [lease, last_key], [owner, int(min_hold * 1000), record]) == 1
+        return self._script(RELEASE, [lease, last_key], [owner, lease_ms(min_hold, "min_hold", 0.0), record]) == 1
 
     def force_release(self, key):
         before = self.query(key)

@@ -34,7 +34,7 @@ def test_absent_job_needs_only_a_name():
     ([dict(GOOD, ttl="10s", renew_every="9s")], "must be below ttl (10s)"),
     ([dict(GOOD, once_per="5s", randomized_delay="2s", max_clock_skew="500ms")],
      "randomized_delay (2s) + max_clock_skew (500ms) must stay below half of once_per (5s)"),
-    ([dict(GOOD, colour="blue")], "unknown field colour"),
+    ([dict(GOOD, colour="blue")], "unknown field 'colour'"),
     ([dict(GOOD, state="gone")], "state must be present or absent"),
     ([dict(GOOD, environment={"1X": "y"})], "environment"),
     ("not a list", "must be a list"),

@@ -251,7 +251,7 @@ def test_a_password_in_the_url_is_refused_without_echo(fake_backend, url):
 
 
 @pytest.mark.parametrize("changes,words", [
-    (dict(ttl="500ms"), "ttl: 500ms is below the minimum of 1s"),
+    (dict(ttl="500ms"), "ttl: '500ms' is below the minimum of 1s"),
     (dict(wait="soon"), "wait: 'soon' is not a duration"),
     (dict(key="bad key"), "key: 'bad key' is not a valid lock key"),
     (dict(state="query", hold=True), "hold: only applies to state=acquired"),

@@ -1,0 +1,64 @@
+# Copyright: dlock.fleet developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters the templates put around every user-supplied value: the second
+wall after the preflight checks. Each refuses what could start a new line
+in its format, and escapes what the format would otherwise interpret."""
+
+from __future__ import annotations
+
+import re
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
+
+# One token of a line-oriented format (redis.conf, chrony.conf, pg_hba.conf):
+# no white space, no quote, no comment sign, no backslash.
+TOKEN = re.compile(r"[A-Za-z0-9_.,:/@+=~*\[\]-]+")
+
+
+def _text(value, what):
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise AnsibleFilterError("%s: %s is not a single value" % (what, validate.shown(value)))
+    value = str(value)
+    try:
+        return validate.text(value, what, 4096, allow_empty=True)
+    except ConfigError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
+def dlock_unit_value(value, what="unit setting", specifiers=False):
+    """A value for a systemd unit line: one line, no trailing backslash (a
+    line continuation), and % doubled so no specifier is expanded. With
+    specifiers=true (unit_settings: directives the operator writes, some of
+    which, like CPUQuota=50%, take no specifiers at all) % is left as is."""
+    text = _text(value, what)
+    if text.endswith("\\"):
+        raise AnsibleFilterError("%s: %s ends with a backslash, which systemd reads as a line continuation"
+                                 % (what, validate.shown(text)))
+    return text if specifiers else text.replace("%", "%%")
+
+
+def dlock_conf_token(value, what="setting"):
+    """One token of a line-oriented configuration file."""
+    text = _text(value, what)
+    if not TOKEN.fullmatch(text):
+        raise AnsibleFilterError("%s: %s is not a single plain token (no spaces, quotes, # or backslash)"
+                                 % (what, validate.shown(text)))
+    return text
+
+
+def dlock_pg_string(value, what="setting"):
+    """A quoted string value of postgresql.conf: one line, ' and \\ escaped."""
+    text = _text(value, what)
+    return "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "dlock_unit_value": dlock_unit_value,
+            "dlock_conf_token": dlock_conf_token,
+            "dlock_pg_string": dlock_pg_string,
+        }

@@ -1,0 +1,130 @@
+"""Self-fencing cannot be switched off by any accepted value.
+
+1. Arithmetic, over every option set Hypothesis can think of (NaN, infinity,
+   1e308, zero, huge and tiny values): either LockOptions refuses it, or the
+   deadlines keep the SIGKILL strictly before the earliest expiry.
+2. For real, over generated option sets: a runner holds a lease on a real
+   redis-server, the server is frozen (SIGSTOP) while the job runs, and the
+   job must be dead before the earliest moment the lease could expire. That
+   moment is bounded from below by the job itself: right after it starts it
+   asks the server for the lease's PTTL, so expiry >= (time asked) + PTTL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import signal
+import sys
+import time
+
+import pytest
+import servers
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from runner_proc import start_dlock
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.deadline import LeaseDeadline
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import LockOptions
+
+ANY_SECONDS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(min_value=0, max_value=120),
+    st.sampled_from([0.0, 1e-9, 0.1, 1.0, 1e308, float("nan"), float("inf"), -1.0, 30 * 86400.0, 30 * 86400.0 + 1]),
+    st.integers(min_value=-10, max_value=10 ** 12),
+    st.none(),
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(ttl=ANY_SECONDS, renew_every=ANY_SECONDS, kill_grace=ANY_SECONDS, op_timeout=ANY_SECONDS,
+       sent=st.floats(min_value=0, max_value=1e7))
+def test_any_accepted_option_set_kills_before_the_lease_can_expire(ttl, renew_every, kill_grace, op_timeout, sent):
+    try:
+        options = LockOptions(ttl=60.0 if ttl is None else ttl, renew_every=renew_every, kill_grace=kill_grace,
+                              op_timeout=op_timeout)
+    except ConfigError:
+        return
+    values = (options.ttl, options.renew_every, options.kill_grace, options.op_timeout, options.margin)
+    assert all(math.isfinite(v) for v in values)
+    deadline = LeaseDeadline(options.ttl, options.margin, options.kill_grace, sent)
+    expiry = sent + options.ttl
+    assert deadline.kill_by < expiry
+    assert deadline.terminate_at <= deadline.kill_by
+    # A renewal that is due, retried and bounded by op_timeout still lands
+    # before the runner would start terminating its job.
+    assert sent + options.renew_every + options.op_timeout < deadline.terminate_at
+    for renewed in (sent + options.renew_every, sent + 2 * options.renew_every):
+        deadline.renewed(renewed)
+        assert deadline.kill_by < renewed + options.ttl
+
+
+JOB = r"""
+import json, os, sys, time
+import redis
+client = redis.Redis.from_url(os.environ["HOSTILE_REDIS"])
+asked = time.monotonic()
+pttl = client.pttl("dlock:{%s}:lease" % os.environ["DLOCK_KEY"])
+sys.stdout.write(json.dumps({"asked": asked, "pttl_ms": pttl, "pid": os.getpid()}) + "\n")
+sys.stdout.flush()
+while True:
+    time.sleep(3600)
+"""
+
+
+@pytest.fixture(scope="module")
+def frozen_redis():
+    server = servers.RedisServer()
+    yield server
+    os.kill(server.proc.pid, signal.SIGCONT)
+    server.stop()
+
+
+def _readline(stream, timeout):
+    ready, _, _ = select.select([stream], [], [], timeout)
+    assert ready, "the job did not report within %ss" % timeout
+    return stream.readline()
+
+
+@st.composite
+def option_sets(draw):
+    ttl = draw(st.floats(min_value=1.0, max_value=3.0))
+    return {"ttl": ttl, "renew_every": draw(st.floats(min_value=0.05, max_value=0.5)) * ttl,
+            "kill_grace": draw(st.floats(min_value=0.0, max_value=0.3)) * ttl,
+            "op_timeout": draw(st.floats(min_value=0.02, max_value=0.2)) * ttl}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(option_sets())
+def test_with_a_frozen_backend_the_job_is_dead_before_the_earliest_expiry(frozen_redis, tmp_path_factory, values):
+    key = "fence-%d" % int(time.monotonic() * 1e6)
+    as_flags = dict((name, "%dms" % max(1, int(seconds * 1000))) for name, seconds in values.items())
+    try:
+        LockOptions.from_mapping(as_flags, "")
+    except ConfigError:
+        assume(False)  # rounding to whole milliseconds broke the budget: not this option set
+    flags = [item for name, text in as_flags.items() for item in ("--" + name.replace("_", "-"), text)]
+    runner = start_dlock("run", "--job", "fence", "--key", key, "--backend", frozen_redis.url, *flags,
+                         "--", sys.executable, "-c", JOB, env={"HOSTILE_REDIS": frozen_redis.url})
+    try:
+        report = json.loads(_readline(runner.stdout, 30))
+        pidfd = os.pidfd_open(report["pid"])
+        os.kill(frozen_redis.proc.pid, signal.SIGSTOP)
+        try:
+            earliest_expiry = report["asked"] + report["pttl_ms"] / 1000.0
+            ready, _, _ = select.select([pidfd], [], [], max(0.0, earliest_expiry - time.monotonic()) + 5)
+            died = time.monotonic()
+            assert ready, "the job outlived its lease by more than 5s"
+            assert died < earliest_expiry, "job died %.3fs after the earliest expiry (%s)" % (
+                died - earliest_expiry, values)
+        finally:
+            os.kill(frozen_redis.proc.pid, signal.SIGCONT)
+            os.close(pidfd)
+        assert runner.wait(timeout=30) == 76
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()

@@ -1,0 +1,145 @@
+"""The roles' check (filter dlock.fleet.dlock_role_problems): its tables cover
+every role variable and each preflight hands it exactly those; problems name
+the variable and never a password; the render filters for pg_hba and
+verbatim lines. The real runs are in tests/integration/test_role_hostile.py."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.dlock.fleet.plugins.filter.dlock_role_vars import (
+    TABLES, dlock_conf_line, dlock_pg_address, role_problems)
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+
+
+def _load(role, *path):
+    with open(os.path.join(ROOT, "roles", role, *path)) as handle:
+        return yaml.safe_load(handle)
+
+
+@pytest.mark.parametrize("role", sorted(TABLES))
+def test_the_table_covers_every_variable_of_the_role(role):
+    defaults = set(_load(role, "defaults", "main.yml")) - {"dlock_jobs_list"}
+    documented = set(_load(role, "meta", "argument_specs.yml")["argument_specs"]["main"]["options"])
+    assert set(TABLES[role]) == defaults == documented - {"dlock_jobs_list"}
+
+
+@pytest.mark.parametrize("role", sorted(TABLES))
+def test_the_preflight_hands_over_exactly_the_table(role):
+    tasks = _load(role, "tasks", "preflight.yml")
+    flat = []
+    for task in tasks:
+        flat.extend(task.get("block", [task]))
+    [judge] = [task for task in flat if task.get("name") == "Preflight | Judge the settings"]
+    assert judge["no_log"] is True
+    [(fact, expression)] = judge["ansible.builtin.set_fact"].items()
+    assert fact == "__%s_problems" % role
+    pairs = re.findall(r"'(\w+)': (\w+)", expression)
+    assert all(key == value for key, value in pairs)
+    assert sorted(key for key, _value in pairs) == sorted(TABLES[role])
+    assert expression.rstrip().endswith("| dlock.fleet.dlock_role_problems('%s') }}" % role)
+
+
+GOOD_REDIS = {"dlock_redis_bind": ["127.0.0.1", "::1"], "dlock_redis_port": "6379", "dlock_redis_user": "dlock",
+              "dlock_redis_password": "x" * 16, "dlock_redis_admin_user": "dlock-admin",
+              "dlock_redis_admin_password": "", "dlock_redis_appendfsync": "always", "dlock_redis_maxmemory": "",
+              "dlock_redis_tls": False, "dlock_redis_tls_cert_file": "", "dlock_redis_tls_key_file": "",
+              "dlock_redis_tls_ca_file": "", "dlock_redis_tls_auth_clients": False, "dlock_redis_url_host": "db1"}
+
+
+def test_good_settings_have_no_problem():
+    assert role_problems(GOOD_REDIS, "dlock_redis") == []
+
+
+def test_a_forgotten_or_unknown_variable_is_a_problem():
+    values = dict(GOOD_REDIS)
+    del values["dlock_redis_port"]
+    values["dlock_redis_colour"] = "blue"
+    assert role_problems(values, "dlock_redis") == [
+        "dlock_redis: the preflight does not pass dlock_redis_port to the check",
+        "dlock_redis: the check has no rule for 'dlock_redis_colour'"]
+
+
+@pytest.mark.parametrize("variables, role, problem", [
+    ({}, "dlock_nosuch", "unknown role"),
+    ("dlock_redis_port=1", "dlock_redis", "must be given as a mapping"),
+])
+def test_the_check_itself_is_misused(variables, role, problem):
+    [message] = role_problems(variables, role)
+    assert problem in message
+
+
+class Unreadable(str):
+    """A value that raises when used (as a lazy variable whose template fails)."""
+
+    def __len__(self):
+        raise RuntimeError("cannot be read: Pw-5ecret")
+
+    __bool__ = __len__
+
+
+def test_it_never_raises_and_names_what_it_could_not_check():
+    problems = role_problems(dict(GOOD_REDIS, dlock_redis_user=Unreadable(), dlock_redis_password=Unreadable()),
+                             "dlock_redis")
+    assert "dlock_redis_user: could not be checked (RuntimeError: 'cannot be read: Pw-5ecret')" in problems
+    assert "dlock_redis_password: could not be checked (RuntimeError)" in problems
+
+
+@pytest.mark.parametrize("password", ["short-Pw-5ecret", "Pw-5ecret with spaces", "Pw-5ecret-long\nloadmodule /x",
+                                      "Pw-5ecret-with-nul\x00-in", "\u2028Pw-5ecret-separator"])
+def test_a_password_is_never_shown(password):
+    for role, name, extra in (("dlock_redis", "dlock_redis_password", GOOD_REDIS),
+                              ("dlock_redis", "dlock_redis_admin_password", GOOD_REDIS)):
+        problems = role_problems(dict(extra, **{name: password}), role)
+        assert [p for p in problems if p.startswith(name)], problems
+        assert not any("Pw-5ecret" in p for p in problems)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("dlock_redis_bind", "127.0.0.1", "dlock_redis_bind: '127.0.0.1' must be a list"),
+    ("dlock_redis_port", "80 x", "dlock_redis_port: '80 x' must be a whole number"),
+    ("dlock_redis_port", 0, "dlock_redis_port: 0 is out of range (1-65535)"),
+    ("dlock_redis_user", "default", "must not be 'default'"),
+    ("dlock_redis_maxmemory", "999999999999gb", "dlock_redis_maxmemory: '999999999999gb' is more than 1 PiB"),
+    ("dlock_redis_tls", "yes", "dlock_redis_tls: 'yes' must be true or false"),
+])
+def test_messages_name_the_variable(name, value, message):
+    assert message in "; ".join(role_problems(dict(GOOD_REDIS, **{name: value}), "dlock_redis"))
+
+
+@pytest.mark.parametrize("value, canonical", [
+    ("10.0.0.5", "10.0.0.5/32"), ("10.0.0.0/8", "10.0.0.0/8"), ("::1", "::1/128"),
+    ("FD00:0::/64", "fd00::/64"), ("node1.example.com", "node1.example.com"),
+])
+def test_pg_address_is_canonical(value, canonical):
+    assert dlock_pg_address(value) == canonical
+
+
+@pytest.mark.parametrize("value", ["all", "SameNet", "samehost", "10.0.0.0/8 trust", "0.0.0.0/0\nhost all all x trust",
+                                   "10.0.0.1/8", ".example.com", "fe80::1%eth0", "", 10, None])
+def test_pg_address_refuses_what_is_not_one_address_network_or_host(value):
+    with pytest.raises(AnsibleFilterError):
+        dlock_pg_address(value, "dlock_postgresql_clients")
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\x00", "tab\there", "", ["x"], 5])
+def test_conf_line_is_one_line(value):
+    with pytest.raises(AnsibleFilterError):
+        dlock_conf_line(value, "dlock_chrony_extra_config")
+    assert dlock_conf_line("hwtimestamp *") == "hwtimestamp *"
+
+
+@pytest.mark.parametrize("check", [validate.address, validate.network, validate.hostname, validate.host_or_network])
+def test_ipv6_zones_are_refused(check):
+    with pytest.raises(ConfigError, match="IPv6 zone"):
+        check("fe80::1%eth0", "f")
+    with pytest.raises(ConfigError):
+        check("fe80::1%25eth0", "f")
