@@ -20,7 +20,7 @@ shift
 
 mkdir -p "$DEST"
 rsync -a --delete \
-  --exclude /.venv --exclude /build --exclude /.git --exclude /tests/output \
+  --exclude /.venv --exclude '/.venv-*' --exclude /build --exclude /.git --exclude /tests/output \
   --exclude .pytest_cache --exclude .hypothesis --exclude __pycache__ --exclude '*.pyc' \
   "$ROOT/" "$DEST/"
 # A repository of its own: inside the checkout's, every copied file would be

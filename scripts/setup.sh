@@ -35,6 +35,27 @@ if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -c 'import ansible, redis, 
   .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
   touch .venv/.installed
 fi
+# The oldest supported ansible-core, for the tests that run on every
+# supported version (tests/integration/test_secrets.py, scripts/matrix.sh).
+if [[ ! -x .venv-2.18/bin/ansible-playbook ]] || [[ requirements-2.18.txt -nt .venv-2.18/.installed ]]; then
+  echo "setup: creating .venv-2.18 (ansible-core 2.18)"
+  python3 -m venv .venv-2.18
+  .venv-2.18/bin/pip install -q --disable-pip-version-check -r requirements-2.18.txt
+  touch .venv-2.18/.installed
+fi
+# The newest ansible-core that installs here needs Python 3.12+: Debian 12
+# has 3.11, so .venv-2.21 is made only where a newer Python is found.
+newer_python=""
+for candidate in /root/.pyenv/versions/3.13.*/bin/python3.13 /root/.pyenv/versions/3.12.*/bin/python3.12 \
+                 "$(command -v python3.13 || true)" "$(command -v python3.12 || true)"; do
+  if [[ -n $candidate && -x $candidate ]]; then newer_python=$candidate; break; fi
+done
+if [[ -n $newer_python ]] && { [[ ! -x .venv-2.21/bin/ansible-playbook ]] || [[ requirements-2.21.txt -nt .venv-2.21/.installed ]]; }; then
+  echo "setup: creating .venv-2.21 (ansible-core 2.21 on $newer_python)"
+  "$newer_python" -m venv .venv-2.21
+  .venv-2.21/bin/pip install -q --disable-pip-version-check -r requirements-2.21.txt
+  touch .venv-2.21/.installed
+fi
 # ansible-playbook and molecule find the collection through build/ (a link
 # named ansible_collections/dlock/fleet pointing at this checkout).
 mkdir -p build/ansible_collections/dlock

@@ -13,6 +13,9 @@ stage() { printf '\n=== %s\n' "$*"; }
 stage "pytest: unit and integration (real redis-server and PostgreSQL on loopback)"
 pytest tests/unit tests/integration
 
+stage "pytest: module, action plugin and filter on ansible-core 2.18 and 2.21 (scripts/matrix.sh)"
+bash scripts/matrix.sh
+
 stage "ansible-test sanity (every test that applies, no ignore file)"
 bash scripts/ansible-test.sh sanity
 

@@ -2,7 +2,7 @@
 
 Makes the checkout importable as ansible_collections.dlock.fleet (a symlink
 under build/), and provides real redis-server / PostgreSQL instances on
-loopback (runner_proc.py starts the node runner as `python -m dlock`).
+loopback (runner_proc.py starts the node runner as the node's wrapper does).
 """
 
 import json

@@ -1,4 +1,8 @@
-"""Start the node runner as `python -m dlock` from the checkout, as a node would."""
+"""Start the node runner from the checkout, as a node's /usr/local/bin/dlock does.
+
+The command line is the one of roles/dlock_runner/templates/dlock.sh.j2:
+`python -c '... from dlock.cli import main; raise SystemExit(main())' ARGS`.
+"""
 
 import json
 import os
@@ -16,12 +20,15 @@ def runner_env(extra=None):
     return env
 
 
+ENTRY = "import sys; sys.argv[0] = 'dlock'; from dlock.cli import main; raise SystemExit(main())"
+
+
 def dlock_argv(*args):
-    return [sys.executable, "-m", "dlock"] + list(args)
+    return [sys.executable, "-c", ENTRY] + list(args)
 
 
 def run_dlock(*args, env=None, timeout=60, **kwargs):
-    """Run `python -m dlock ARGS` to completion; returns CompletedProcess (text)."""
+    """Run `dlock ARGS` to completion; returns CompletedProcess (text)."""
     return subprocess.run(dlock_argv(*args), env=runner_env(env), capture_output=True, text=True,
                           timeout=timeout, check=False, **kwargs)
 

@@ -105,10 +105,12 @@ notes:
     ends with the connection or process of the task that took it; query and force release work with them.
   - A lease lock does not give exactly-once side effects; use the returned fencing token (RV(fence)) to make
     writes idempotent.
+  - The node runner C(dlock), its exit codes and the roles that install it are described in the collection's
+    C(README.md), shipped with the collection.
 seealso:
-  - name: dlock.fleet DESIGN and README
-    description: The lock engine, the node runner and its exit codes.
-    link: https://example.invalid/dlock/fleet
+  - plugin: dlock.fleet.dlock_jobs
+    plugin_type: filter
+    description: Checks and normalises the job list that the dlock_jobs role turns into systemd timers.
 """
 
 EXAMPLES = r"""
@@ -148,13 +150,18 @@ EXAMPLES = r"""
     wait: 30m
   run_once: true
 
-- name: Skip the rest of the play when another run holds the lock
+- name: Take the lock for the rest of the run, unless another run holds it
   dlock.fleet.dlock:
     key: deploy-web
     hold: true
   register: deploy_lock
-  failed_when: false
+  # Busy is not an error here; anything else (backend down, bad options) is.
+  failed_when: deploy_lock is failed and not (deploy_lock.holder.held | default(false))
   run_once: true
+
+- name: Skip the rest of the play when another run holds the lock
+  ansible.builtin.meta: end_play
+  when: deploy_lock.holder.held and not deploy_lock.acquired
 
 - name: Run the lock operation on the target, with a password file there
   dlock.fleet.dlock:

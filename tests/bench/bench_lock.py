@@ -90,7 +90,7 @@ def runner_wall(url, driver, rounds):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "module_utils"))
     py = sys.executable
     return timed_commands({
-        "dlock run -- true": [py, "-m", "dlock", "run", "--job", "bench", "--backend", url, "--", "true"],
+        "dlock run -- true": [py, "-c", "from dlock.cli import main; raise SystemExit(main())", "run", "--job", "bench", "--backend", url, "--", "true"],
         "python -c 'import %s'" % driver: [py, "-c", "import " + driver],
         "python -I -c pass": [py, "-I", "-c", "pass"],
     }, rounds, env)

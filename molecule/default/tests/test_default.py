@@ -13,7 +13,7 @@ UNITS = ("dlock-sample-report.service", "dlock-sample-report.timer",
 def test_runner_installed(host):
     wrapper = host.file("/usr/local/bin/dlock")
     assert wrapper.mode == 0o755 and wrapper.user == "root"
-    assert host.file("/usr/local/lib/dlock/dlock/__main__.py").exists
+    assert host.file("/usr/local/lib/dlock/dlock/cli.py").exists
     out = host.run("/usr/local/bin/dlock --version")
     assert out.rc == 0 and out.stdout.startswith("dlock ")
 

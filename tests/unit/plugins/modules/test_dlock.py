@@ -7,7 +7,23 @@ import json
 import pytest
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.module_utils.testing import patch_module_args
+
+try:
+    from ansible.module_utils.testing import patch_module_args
+except ImportError:  # ansible-core 2.18, the oldest supported (scripts/matrix.sh)
+    import contextlib
+
+    from ansible.module_utils import basic
+    from ansible.module_utils.common.text.converters import to_bytes
+
+    @contextlib.contextmanager
+    def patch_module_args(args):
+        saved = basic._ANSIBLE_ARGS
+        basic._ANSIBLE_ARGS = to_bytes(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+        try:
+            yield
+        finally:
+            basic._ANSIBLE_ARGS = saved
 
 from ansible_collections.dlock.fleet.plugins.module_utils import dlock_task
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backoff import backoff_cap

@@ -1,0 +1,350 @@
+"""The collection as it is published and installed.
+
+- `ansible-galaxy collection build` of this checkout passes galaxy-importer
+  (the check Galaxy runs on upload), with no error or warning;
+- the tarball holds what users need and no development file, and a build
+  from a used checkout (a venv, build/ with its symlink back to the checkout,
+  caches, an earlier tarball) has the same files as one from a clean tree;
+- installed with `ansible-galaxy collection install -p DIR` into an empty
+  collections path, the module and the runbooks work from there alone,
+  against a real redis-server;
+- the role READMEs' generated blocks are current, and the node wrapper
+  rendered from the runner role starts the engine's command line.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import jinja2
+import pytest
+import yaml
+from ansible_cli import BIN, ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import role_readmes  # noqa: E402
+
+ROLES = sorted(role_readmes.roles())
+# What a user of the collection needs; nothing else goes in the tarball.
+SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "CONTRIBUTING.md", "LICENSE", "CHANGELOG.rst", "requirements.txt",
+               "bindep.txt", "meta", "playbooks", "plugins", "roles", "changelogs", "examples"}
+DEV_PARTS = {"tests", "molecule", "scripts", "build", ".venv", ".ci", ".git", "__pycache__", ".pytest_cache",
+             ".ansible", "tests/output"}
+
+
+def quiet_env(**extra):
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONDONTWRITEBYTECODE="1",
+               PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("ANSIBLE_CONFIG", None)
+    env.pop("ANSIBLE_COLLECTIONS_PATH", None)
+    env.update(extra)
+    return env
+
+
+def build(source, output):
+    os.makedirs(output, exist_ok=True)
+    out = subprocess.run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--output-path", str(output),
+                          str(source)], capture_output=True, text=True, env=quiet_env(), timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    tarballs = [name for name in os.listdir(output) if name.endswith(".tar.gz")]
+    assert len(tarballs) == 1, tarballs
+    return os.path.join(str(output), tarballs[0])
+
+
+def members(tarball):
+    with tarfile.open(tarball) as archive:
+        return {m.name: m for m in archive.getmembers()}
+
+
+def clean_tree(dest):
+    """The files a fresh `git clone` of this checkout has, once its changes
+    are committed: git's tracked files plus untracked ones it does not ignore."""
+    out = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         capture_output=True, check=True)
+    for rel in filter(None, out.stdout.decode().split("\0")):
+        src = os.path.join(ROOT, rel)
+        if not os.path.lexists(src):  # deleted, not yet committed
+            continue
+        os.makedirs(os.path.join(dest, os.path.dirname(rel)), exist_ok=True)
+        shutil.copy2(src, os.path.join(dest, rel), follow_symlinks=False)
+    return dest
+
+
+def make_used(tree):
+    """What a development checkout gathers: the venv, build/ with the link back
+    to the checkout (a loop), byte code, pytest and ansible-test leftovers, an
+    earlier tarball, ansible's local state."""
+    os.makedirs(os.path.join(tree, ".venv", "bin"))
+    with open(os.path.join(tree, ".venv", "pyvenv.cfg"), "w") as handle:
+        handle.write("home = /usr/bin\n")
+    os.makedirs(os.path.join(tree, "build", "ansible_collections", "dlock"))
+    os.symlink("../../..", os.path.join(tree, "build", "ansible_collections", "dlock", "fleet"))
+    for where in ("plugins/module_utils/dlock", "tests/unit"):
+        os.makedirs(os.path.join(tree, where, "__pycache__"), exist_ok=True)
+        with open(os.path.join(tree, where, "__pycache__", "x.cpython-311.pyc"), "wb") as handle:
+            handle.write(b"\0")
+    for where in (".pytest_cache/v", ".hypothesis/examples", "tests/output/.tmp", ".ansible/tmp"):
+        os.makedirs(os.path.join(tree, where))
+    with open(os.path.join(tree, "dlock-fleet-0.0.9.tar.gz"), "wb") as handle:
+        handle.write(b"old")
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """Tarballs of this checkout as it is, of a clean tree, and of a used one."""
+    base = tmp_path_factory.mktemp("release")
+    clean = clean_tree(str(base / "clean"))
+    used = clean_tree(str(base / "used"))
+    make_used(used)
+    return {
+        "checkout": build(ROOT, base / "out-checkout"),
+        "clean": build(clean, base / "out-clean"),
+        "used": build(used, base / "out-used"),
+        "dir": base,
+    }
+
+
+def test_galaxy_importer_passes(release, tmp_path):
+    config = tmp_path / "galaxy-importer.cfg"
+    # What Galaxy runs on upload, but ansible-test (it needs a container engine):
+    # metadata and content checks, ansible-doc of every plugin, ansible-lint.
+    config.write_text("[galaxy-importer]\nrun_ansible_test = false\nrun_ansible_doc = true\n"
+                      "run_ansible_lint = true\ncheck_changelog = true\nansible_local_tmp = %s\n"
+                      "tmp_root_dir = %s\n" % (tmp_path / "ansible-tmp", tmp_path))
+    out = subprocess.run([sys.executable, "-m", "galaxy_importer.main", release["checkout"]], cwd=str(tmp_path),
+                         env=quiet_env(GALAXY_IMPORTER_CONFIG=str(config), HOME=str(tmp_path)),
+                         capture_output=True, text=True, timeout=300, check=False)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert "Importer processing completed successfully" in log, log
+    problems = [line for line in log.splitlines() if "ERROR" in line or "WARNING" in line]
+    assert not problems, log
+    with open(str(tmp_path / "importer_result.json")) as handle:
+        result = json.load(handle)
+    contents = {(c["content_type"], c["name"]) for c in result["contents"]}
+    assert {("role", role) for role in ROLES} <= contents
+    assert ("module", "dlock") in contents and ("filter", "dlock_jobs") in contents
+    docs = {(c["content_type"], c["content_name"]): c for c in result["docs_blob"]["contents"]}
+    assert docs[("module", "dlock")]["doc_strings"]["doc"]["short_description"]
+    for role in ROLES:
+        assert "Variables" in docs[("role", role)]["readme_html"], role
+    assert result["metadata"]["license"] == ["GPL-3.0-or-later"]
+    assert "example.invalid" not in json.dumps(result["metadata"])
+
+
+def test_tarball_holds_what_users_need_and_no_development_file(release):
+    files = members(release["checkout"])
+    tops = {name.split("/")[0] for name in files}
+    assert tops <= SHIPPED_TOP, tops - SHIPPED_TOP
+    for name, member in files.items():
+        parts = name.split("/")
+        assert not DEV_PARTS.intersection(parts), name
+        assert not name.endswith((".pyc", ".tar.gz", ".retry")), name
+        assert member.isfile() or member.isdir(), "%s is a link or special file" % name
+    needed = {"README.md", "LICENSE", "meta/runtime.yml", "meta/execution-environment.yml", "requirements.txt",
+              "bindep.txt", "plugins/modules/dlock.py", "plugins/module_utils/dlock/cli.py",
+              "playbooks/site.yml", "playbooks/status.yml", "playbooks/break_lock.yml"}
+    needed |= {"roles/%s/README.md" % role for role in ROLES}
+    needed |= {"roles/%s/meta/argument_specs.yml" % role for role in ROLES}
+    assert needed <= set(files), needed - set(files)
+    assert "plugins/module_utils/dlock/__main__.py" not in files
+    with open("/usr/share/common-licenses/GPL-3", "rb") as handle:
+        gpl = handle.read()
+    with tarfile.open(release["checkout"]) as archive:
+        assert archive.extractfile("LICENSE").read() == gpl
+
+
+def test_used_checkout_builds_the_same_tarball_as_a_clean_one(release):
+    clean = sorted(members(release["clean"]))
+    assert sorted(members(release["used"])) == clean
+    # This very checkout, with whatever it gathered (.venv, build/, caches).
+    assert sorted(members(release["checkout"])) == clean
+    assert len(clean) > 100
+
+
+def test_galaxy_metadata_points_nowhere_dead():
+    with open(os.path.join(ROOT, "galaxy.yml")) as handle:
+        galaxy = yaml.safe_load(handle)
+    for field in ("repository", "documentation", "homepage", "issues"):
+        assert "example.invalid" not in str(galaxy.get(field, "")), field
+    texts = [os.path.join(ROOT, "plugins", "modules", "dlock.py"),
+             os.path.join(ROOT, "plugins", "doc_fragments", "backend.py")]
+    for path in texts:
+        with open(path) as handle:
+            text = handle.read()
+        assert "example.invalid" not in text and "DESIGN" not in text, path
+
+
+def test_role_readmes_are_current():
+    assert role_readmes.main(["--check"]) == 0
+    for role in ROLES:
+        with open(os.path.join(ROOT, "roles", role, "README.md")) as handle:
+            text = handle.read()
+        for heading in ("## Supported platforms", "## Variables", "## Example"):
+            assert heading in text, (role, heading)
+        assert "dlock.fleet.%s" % role in text.split("## Example", 1)[1], role
+
+
+def test_node_wrapper_starts_the_runner(tmp_path):
+    with open(os.path.join(ROOT, "roles", "dlock_runner", "templates", "dlock.sh.j2")) as handle:
+        template = jinja2.Template(handle.read())
+    wrapper = tmp_path / "dlock"
+    wrapper.write_text(template.render(ansible_managed="test", dlock_runner_python=sys.executable,
+                                       dlock_runner_install_dir=os.path.join(ROOT, "plugins", "module_utils")))
+    out = subprocess.run(["sh", str(wrapper), "--version"], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"), check=False)
+    assert out.returncode == 0 and out.stdout.startswith("dlock "), out.stdout + out.stderr
+    bad = subprocess.run(["sh", str(wrapper), "run", "--job", "x", "--ttl", "nonsense", "--backend",
+                          "file://%s" % tmp_path, "--", "true"], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"), check=False)
+    assert bad.returncode == 78, bad.stdout + bad.stderr
+
+
+@pytest.fixture(scope="module")
+def installed(release):
+    """The tarball installed into an empty collections path."""
+    path = str(release["dir"] / "collections")
+    out = subprocess.run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "-p", path,
+                          release["checkout"]], capture_output=True, text=True, env=quiet_env(), timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert os.path.isfile(os.path.join(path, "ansible_collections", "dlock", "fleet", "plugins", "modules",
+                                       "dlock.py"))
+    return path
+
+
+def installed_env(installed, tmp_path):
+    """Only the installed copy can be found: no build/ link, no checkout."""
+    return quiet_env(ANSIBLE_COLLECTIONS_PATH=installed, ANSIBLE_LOCALHOST_WARNING="false",
+                     ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+                     ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false")
+
+
+def test_installed_collection_runs_the_module_and_runbooks(installed, redis_server, unique_key, tmp_path):
+    env = installed_env(installed, tmp_path)
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
+        "vars": {"dlock_backend": {"url": redis_server.url}}}}))
+    where = subprocess.run([os.path.join(BIN, "ansible-doc"), "-t", "module", "dlock.fleet.dlock", "--json"],
+                           capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=60, check=False)
+    assert where.returncode == 0, where.stderr
+    doc = json.loads(where.stdout)["dlock.fleet.dlock"]["doc"]
+    assert doc["filename"].startswith(installed), doc["filename"]
+
+    def adhoc(args):
+        out = subprocess.run([os.path.join(BIN, "ansible"), "localhost", "-i", str(inventory), "-m",
+                              "dlock.fleet.dlock", "-a", args], capture_output=True, text=True, env=env,
+                             cwd=str(tmp_path), timeout=60, check=False)
+        assert " => " in out.stdout, out.stdout + out.stderr
+        return out.returncode, json.loads(out.stdout.split(" => ", 1)[1])
+
+    rc, result = adhoc("key=%s ttl=5m" % unique_key)
+    assert rc == 0 and result["acquired"] is True and result["changed"] is True, result
+    fence = result["fence"]
+    rc, result = adhoc("key=%s state=query" % unique_key)
+    assert rc == 0 and result["holder"]["held"] is True and result["holder"]["fence"] == fence, result
+
+    def runbook(name, *extra):
+        return subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(inventory), "dlock.fleet." + name]
+                              + list(extra), capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                              timeout=120, check=False)
+
+    status = runbook("status", "-e", "dlock_keys=%s" % unique_key)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "%s is held by" % unique_key in status.stdout and "fence %d" % fence in status.stdout, status.stdout
+    broken = runbook("break_lock", "-e", "dlock_key=%s" % unique_key, "-e", json.dumps({"dlock_reason": "release test"}))
+    assert broken.returncode == 0, broken.stdout + broken.stderr
+    assert not redis_server.client().exists("dlock:{%s}:lease" % unique_key)
+    rc, result = adhoc("key=%s state=query" % unique_key)
+    assert rc == 0 and result["holder"]["held"] is False, result
+
+
+def test_execution_environment_gets_the_drivers(installed):
+    """`ansible-builder introspect` (what an EE build runs on its collections)
+    finds the backend drivers and libpq."""
+    out = subprocess.run([os.path.join(BIN, "ansible-builder"), "introspect", "--sanitize", installed],
+                         capture_output=True, text=True, env=quiet_env(), timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = yaml.safe_load(out.stdout.split("---", 1)[1])
+    python = [line.split("#")[0].strip() for line in data["python"]]
+    system = [line.split("#")[0].strip() for line in data["system"]]
+    assert python == ["redis>=4.3", "psycopg>=3.1"], out.stdout
+    assert system == ["libpq [platform:rpm]", "libpq5 [platform:dpkg]"], out.stdout
+    assert all("from collection dlock.fleet" in line for line in data["python"] + data["system"])
+
+
+def test_readme_order_and_the_developers_commands():
+    with open(os.path.join(ROOT, "README.md")) as handle:
+        readme = handle.read()
+    sections = [line[3:] for line in readme.splitlines() if line.startswith("## ")]
+    assert sections[:8] == ["Contents", "What it guarantees, and what it does not", "Install",
+                            "Requirements and support matrix", "Five-minute first use",
+                            "Migrating from cron and from flock", "Operations", "Reference"], sections
+    top = readme.split("## Contents", 1)[0]
+    assert "bash scripts/demo.sh" in top and "bash scripts/test.sh" in top
+    for script in ("scripts/demo.sh", "scripts/test.sh"):
+        assert os.access(os.path.join(ROOT, script), os.X_OK), script
+    assert "ansible-galaxy collection install dlock.fleet" in readme and "requirements.yml" in readme
+    # Every entry of the table of contents points at a heading.
+    anchors = set()
+    for line in readme.splitlines():
+        if line.startswith("#") and " " in line:
+            title = line.split(" ", 1)[1].strip().lower()
+            anchors.add("".join(c for c in title if c.isalnum() or c in "-_ ").replace(" ", "-"))
+    links = re.findall(r"\]\(#([^)]+)\)", readme)
+    assert links and all(link in anchors for link in links), [link for link in links if link not in anchors]
+    with open(os.path.join(ROOT, "CONTRIBUTING.md")) as handle:
+        contributing = handle.read()
+    assert "## The lab" in contributing and "## Tests and benchmarks" in contributing
+
+
+def test_job_entry_keys_are_documented_as_suboptions():
+    """`ansible-doc -t role dlock.fleet.dlock_jobs` shows every key a job entry
+    may have (the filter's list), and a full entry passes the role's spec."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+    from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import UNIT_KEYS
+    from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES
+
+    out = subprocess.run([os.path.join(BIN, "ansible-doc"), "-t", "role", "dlock.fleet.dlock_jobs", "--json"],
+                         capture_output=True, text=True, env=quiet_env(ANSIBLE_COLLECTIONS_PATH=os.path.join(
+                             ROOT, "build")), timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    options = json.loads(out.stdout)["dlock.fleet.dlock_jobs"]["entry_points"]["main"]["options"]
+    entry = options["dlock_jobs_list"]["options"]
+    assert sorted(entry) == sorted(set(UNIT_KEYS) | set(OPTION_NAMES))
+    assert all(spec.get("description") and spec.get("type") for spec in entry.values())
+    job = {"name": "nightly-report", "command": ["/usr/local/bin/nightly-report", "--send"],
+           "schedule": "*-*-* 02:00:00", "randomized_delay": "30s", "accuracy": "1s", "persistent": True,
+           "user": "reports", "group": "reports", "environment": {"REPORT_BUCKET": "reports"},
+           "working_directory": "/srv", "description": "the report", "hardening": True,
+           "read_write_paths": ["/srv/out"], "unit_settings": {"Nice": "5"}, "key": "report", "state": "present",
+           "shell": False, "ttl": "5m", "renew_every": 60, "op_timeout": "2s", "kill_grace": "10s",
+           "on_contention": "wait", "wait_timeout": "5m", "min_hold": 0, "once_per": "1d", "max_runtime": "1h",
+           "max_clock_skew": "2s", "fail_open": False, "exit_codes": {"locked": 0}}
+    assert sorted(job) == sorted(entry)
+    with open(os.path.join(ROOT, "roles", "dlock_jobs", "meta", "argument_specs.yml")) as handle:
+        spec = yaml.safe_load(handle)["argument_specs"]["main"]["options"]
+    result = ArgumentSpecValidator(spec).validate({"dlock_jobs_list": [job, {"name": "old", "state": "absent"}]},
+                                                  validate_role_argument_spec=True)
+    assert result.error_messages == []
+    result = ArgumentSpecValidator(spec).validate({"dlock_jobs_list": [{"name": "x", "schedul": "hourly"}]},
+                                                  validate_role_argument_spec=True)
+    assert result.error_messages and "schedul" in result.error_messages[0]
+
+
+def test_changelog_has_the_release_of_galaxy_yml():
+    with open(os.path.join(ROOT, "galaxy.yml")) as handle:
+        version = yaml.safe_load(handle)["version"]
+    with open(os.path.join(ROOT, "changelogs", "changelog.yaml")) as handle:
+        releases = yaml.safe_load(handle)["releases"]
+    assert version in releases and releases[version]["changes"]["release_summary"]
+    out = subprocess.run([os.path.join(BIN, "antsibull-changelog"), "lint"], cwd=ROOT, capture_output=True,
+                         text=True, env=quiet_env(), timeout=120, check=False)
+    assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
+    with open(os.path.join(ROOT, "CHANGELOG.rst")) as handle:
+        assert "v%s" % version in handle.read()
