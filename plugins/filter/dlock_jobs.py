@@ -67,7 +67,7 @@ def _unit_settings(values, where):
                               "as whom, or how a run is judged)" % (field, name))
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
-        result[name] = validate.text(value, "%s.%s" % (field, name), 1024, allow_empty=True)
+        result[name] = validate.unit_value(value, "%s.%s" % (field, name), 1024)
     return result
 
 
@@ -82,7 +82,7 @@ def _job_file(job, where):
     if job.get("working_directory") is not None:
         content["working_directory"] = validate.path(job["working_directory"], "%s: working_directory" % where)
     if job.get("description"):
-        content["description"] = validate.text(job["description"], "%s: description" % where)
+        content["description"] = validate.unit_value(job["description"], "%s: description" % where)
     content.update(options)
     return content
 

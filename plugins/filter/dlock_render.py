@@ -34,9 +34,10 @@ def dlock_unit_value(value, what="unit setting", specifiers=False):
     specifiers=true (unit_settings: directives the operator writes, some of
     which, like CPUQuota=50%, take no specifiers at all) % is left as is."""
     text = _text(value, what)
-    if text.endswith("\\"):
-        raise AnsibleFilterError("%s: %s ends with a backslash, which systemd reads as a line continuation"
-                                 % (what, validate.shown(text)))
+    try:
+        validate.unit_value(text, what, 4096)
+    except ConfigError as exc:
+        raise AnsibleFilterError(str(exc))
     return text if specifiers else text.replace("%", "%%")
 
 

@@ -80,6 +80,15 @@ def text(value, field, max_len=MAX_TEXT, pattern=None, hint=None, allow_empty=Fa
     return value
 
 
+def unit_value(value, field, max_len=MAX_TEXT):
+    """Text for a systemd unit line: one line, and no trailing backslash,
+    which systemd reads as a line continuation."""
+    text(value, field, max_len, allow_empty=True)
+    if value.endswith("\\"):
+        _fail(field, value, "ends with a backslash, which systemd reads as a line continuation")
+    return value
+
+
 def job_name(value, field="job"):
     return text(value, field, 64, JOB_NAME,
                 "1-64 characters: letters, digits and _ . -, starting with a letter or digit; it becomes "
