@@ -2,29 +2,62 @@
 # The whole test suite, from a fresh Debian 12 machine (as root):
 #   bash scripts/test.sh
 # Installs what it needs (scripts/setup.sh), then runs every stage below and
-# fails if any stage fails (pytest's "no tests collected" included).
+# fails if any stage fails (pytest's "no tests collected" included). Each
+# stage prints its time.
+#
+# Two cores: the static checks (version matrix, ansible-test sanity and units,
+# promtool, ansible-lint) run in the background beside the first pytest stage,
+# whose real servers and subprocesses wait more than they compute. The lab
+# stages run alone afterwards: their timers and slot windows want a quiet
+# machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SECONDS=0
 bash scripts/setup.sh
+echo "=== setup: ${SECONDS}s"
 export PATH="$PWD/.venv/bin:$PATH"
 
-stage() { printf '\n=== %s\n' "$*"; }
+STAGE="" STAGE_START=0
+stage() {
+  [[ -n $STAGE ]] && printf '=== %s: %ds\n' "$STAGE" $((SECONDS - STAGE_START))
+  STAGE="$*" STAGE_START=$SECONDS
+  [[ -n $STAGE ]] && printf '\n=== %s\n' "$STAGE"
+  return 0
+}
+
+static_checks() {
+  stage "pytest: module, action plugin and filter on ansible-core 2.18 and 2.21 (scripts/matrix.sh)"
+  bash scripts/matrix.sh
+  stage "ansible-test sanity (every test that applies, no ignore file)"
+  bash scripts/ansible-test.sh sanity
+  stage "ansible-test units (module, action plugin, engine; every Python found)"
+  bash scripts/ansible-test.sh units
+  stage "promtool: the shipped alert rules (check rules, test rules)"
+  promtool check rules roles/dlock_metrics/files/dlock.rules.yml
+  (cd roles/dlock_metrics/files && promtool test rules dlock.rules.test.yml)
+  stage "ansible-lint --profile production"
+  ansible-lint
+  stage ""
+}
+
+STATIC_LOG=$(mktemp /tmp/dlock-static-checks.XXXXXX)
+( set -euo pipefail; static_checks ) > "$STATIC_LOG" 2>&1 &
+STATIC_PID=$!
 
 stage "pytest: unit and integration (real redis-server and PostgreSQL on loopback)"
-pytest tests/unit tests/integration
+pytest_rc=0
+pytest tests/unit tests/integration || pytest_rc=$?
+stage ""
 
-stage "pytest: module, action plugin and filter on ansible-core 2.18 and 2.21 (scripts/matrix.sh)"
-bash scripts/matrix.sh
-
-stage "ansible-test sanity (every test that applies, no ignore file)"
-bash scripts/ansible-test.sh sanity
-
-stage "ansible-test units (module, action plugin, engine; every Python found)"
-bash scripts/ansible-test.sh units
-
-stage "promtool: the shipped alert rules (check rules, test rules)"
-promtool check rules roles/dlock_metrics/files/dlock.rules.yml
-(cd roles/dlock_metrics/files && promtool test rules dlock.rules.test.yml)
+static_rc=0
+wait "$STATIC_PID" || static_rc=$?
+printf '\n=== static checks (ran in the background) ===\n'
+cat "$STATIC_LOG"
+rm -f "$STATIC_LOG"
+if ((pytest_rc != 0 || static_rc != 0)); then
+  echo "=== FAILED: pytest unit/integration rc=$pytest_rc, static checks rc=$static_rc"
+  exit 1
+fi
 
 stage "pytest: the lab fleet (systemd-nspawn nodes over SSH; site.yml on Redis and PostgreSQL)"
 pytest tests/lab
@@ -38,7 +71,5 @@ molecule test -s redis
 stage "molecule: the PostgreSQL backend, chrony and metrics (a backend node + 3 job nodes)"
 molecule test -s postgresql
 
-stage "ansible-lint --profile production"
-ansible-lint
-
-stage "all stages passed"
+stage ""
+echo "=== all stages passed in ${SECONDS}s"

@@ -5,10 +5,13 @@ under build/), and provides real redis-server / PostgreSQL instances on
 loopback (runner_proc.py starts the node runner as the node's wrapper does).
 """
 
+import json
 import os
+import subprocess
 import sys
 
 import pytest
+import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
@@ -60,3 +63,26 @@ def unique_key(request):
     import re
     import uuid
     return "t-%s-%s" % (re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:60].strip("-"), uuid.uuid4().hex[:6])
+
+
+@pytest.fixture(scope="session")
+def render():
+    """render(role, template, variables) -> text, by tests/render_helper.py."""
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "render_helper.py"),
+                             os.path.join(ROOT, "build")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(role, template, variables):
+        with open(os.path.join(ROOT, "roles", role, "vars", "main.yml")) as handle:
+            role_variables = yaml.safe_load(handle)
+        request = {"template": os.path.join(ROOT, "roles", role, "templates", template),
+                   "variables": dict(role_variables, ansible_managed="managed by a test", **variables)}
+        proc.stdin.write(json.dumps(request) + "\n")
+        proc.stdin.flush()
+        answer = json.loads(proc.stdout.readline())
+        assert "error" not in answer, answer["error"]
+        return answer["text"]
+
+    yield run
+    proc.stdin.close()
+    proc.wait(30)

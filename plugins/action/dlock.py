@@ -38,7 +38,7 @@ from ansible.utils.display import Display
 
 from ansible_collections.dlock.fleet.plugins.module_utils import dlock as engine
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.config import read_secret
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.durations import parse_duration
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import duration as parse_duration
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.hold import process_start
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_args import (

@@ -87,13 +87,16 @@ def _job_file(job, where):
     return content
 
 
-def _check_slot_window(job, where, defaults):
+def _check_slot_window(job, where, defaults, default_delay):
     """Timers fire at a boundary plus randomized delay (plus skew): all of that
     must fit in half a slot, or nodes could land in different slots."""
     if not job.get("once_per"):
         return
     once_per = validate.duration(job["once_per"], "%s: once_per" % where)
-    delay = validate.duration(job.get("randomized_delay") or 0, "%s: randomized_delay" % where)
+    if job.get("randomized_delay") is not None:
+        delay = validate.duration(job["randomized_delay"], "%s: randomized_delay" % where)
+    else:  # the role's default, which the timer uses too
+        delay = validate.duration(default_delay, "dlock_jobs_randomized_delay")
     skew = validate.duration(job.get("max_clock_skew") or defaults.get("max_clock_skew") or 2,
                              "%s: max_clock_skew" % where)
     if delay + skew >= once_per / 2:
@@ -103,7 +106,7 @@ def _check_slot_window(job, where, defaults):
                              validate.format_duration(once_per)))
 
 
-def _present(job, where, defaults):
+def _present(job, where, defaults, default_delay):
     """The checked fields of a present job, for the templates."""
     if job.get("schedule") is None:
         raise ConfigError("%s: schedule (a systemd OnCalendar expression) is required" % where)
@@ -113,7 +116,7 @@ def _present(job, where, defaults):
                                   "a systemd OnCalendar expression"),
         "file": _job_file(job, where),
     }
-    _check_slot_window(job, where, defaults)
+    _check_slot_window(job, where, defaults, default_delay)
     for name in ("randomized_delay", "accuracy"):
         if job.get(name) is not None:
             entry[name + "_sec"] = "%gs" % validate.duration(job[name], "%s: %s" % (where, name))
@@ -131,7 +134,7 @@ def _present(job, where, defaults):
     return entry
 
 
-def _entry(job, index, seen, defaults):
+def _entry(job, index, seen, defaults, default_delay):
     where = "dlock_jobs_list[%d]" % index
     validate.mapping(job, where)
     name = validate.job_name(job.get("name"), "%s: name" % where)
@@ -147,19 +150,19 @@ def _entry(job, index, seen, defaults):
         raise ConfigError("%s: state must be present or absent" % where)
     if state == "absent":
         return {"name": name, "state": "absent"}
-    return _present(job, where, defaults)
+    return _present(job, where, defaults, default_delay)
 
 
-def dlock_jobs(jobs, defaults=None):
+def dlock_jobs(jobs, defaults=None, randomized_delay=0):
     """Validated jobs: only checked values, each present job with `file` (the
-    job file's content)."""
+    job file's content). `randomized_delay` is the role's default delay."""
     try:
         validate.items(jobs, "dlock_jobs_list", lambda job, field: job, max_items=1000)
         defaults = validate.mapping(defaults or {}, "dlock_runner_defaults")
         LockOptions.from_mapping(dict((k, v) for k, v in defaults.items() if k in OPTION_NAMES),
                                  "dlock_runner_defaults")
         seen = set()
-        return [_entry(job, index, seen, defaults) for index, job in enumerate(jobs)]
+        return [_entry(job, index, seen, defaults, randomized_delay) for index, job in enumerate(jobs)]
     except ConfigError as exc:
         raise AnsibleFilterError(str(exc))
 

@@ -20,6 +20,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Holder, open_backend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backoff import backoff_cap, backoff_delay
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.config import read_secret
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import require_regular
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import format_duration
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, ConfigError, MissingDriver
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import MIN_TTL
@@ -81,6 +82,8 @@ class Request(object):
         self.ca_file = params.get("ca_file")
         if self.ca_file is not None:
             validate.path(self.ca_file, "ca_file")
+            if read_files:
+                require_regular(self.ca_file, "ca_file")
         self.password = params.get("backend_password")
         if self.password is not None:
             validate.text(self.password, "backend_password", 1024, secret=True)

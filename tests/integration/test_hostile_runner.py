@@ -194,6 +194,8 @@ CASES = [
     ("job command huge argument", "job:command", ["/bin/echo", "x" * 131073], "is longer than 131072"),
     ("defaults unknown option", "defaults:tll", "5s", "unknown field 'tll'"),
     ("job workdir percent", "job:working_directory", "/tmp/%h", "may hold only letters"),
+    ("ca file fifo", "ca-kind", "fifo", "CA file"),
+    ("ca file directory", "ca-kind", "dir", "is not a regular file"),
     ("config fifo", "config-kind", "fifo", "is not a regular file"),
     ("config dev zero", "config-kind", "/dev/zero", "is not a regular file"),
     ("config directory", "config-kind", "dir", "is not a regular file"),
@@ -256,6 +258,8 @@ class Setup(object):
             self.config["password_file"] = str(path)
         elif kind == "password-kind":
             self.config["password_file"] = _special_file(self.tmp, value, "password")
+        elif kind == "ca-kind":
+            self.config["ca_file"] = _special_file(self.tmp, value, "ca")
         elif kind == "config-kind":
             self.config_path = _special_file(self.tmp, value, "config-special")
             self.config_special = True

@@ -222,29 +222,6 @@ def test_ports_as_digit_strings_are_ports(number):
 
 
 # -- the templates, rendered by Ansible, read by the real servers -------------
-@pytest.fixture(scope="module")
-def render():
-    """render(role, template, variables) -> text, by tests/render_helper.py."""
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "render_helper.py"),
-                             os.path.join(ROOT, "build")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def run(role, template, variables):
-        with open(os.path.join(ROOT, "roles", role, "vars", "main.yml")) as handle:
-            role_variables = yaml.safe_load(handle)
-        request = {"template": os.path.join(ROOT, "roles", role, "templates", template),
-                   "variables": dict(role_variables, ansible_managed="managed by a test", **variables)}
-        proc.stdin.write(json.dumps(request) + "\n")
-        proc.stdin.flush()
-        answer = json.loads(proc.stdout.readline())
-        assert "error" not in answer, answer["error"]
-        return answer["text"]
-
-    yield run
-    proc.stdin.close()
-    proc.wait(30)
-
-
 REDIS_USER = st.from_regex(role_vars.REDIS_USER, fullmatch=True).filter(lambda u: u != "default")
 # Passwords: any characters but white space and control characters, 16+.
 PASSWORD = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp"),

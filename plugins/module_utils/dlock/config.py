@@ -10,7 +10,7 @@ import os
 from . import validate
 from .errors import ConfigError
 from .options import OPTION_NAMES, LockOptions
-from .safefile import MAX_SECRET_BYTES, read_regular
+from .safefile import MAX_SECRET_BYTES, read_regular, require_regular
 
 DEFAULT_CONFIG = "/etc/dlock/dlock.json"
 DEFAULT_JOBS_DIR = "/etc/dlock/jobs"
@@ -131,6 +131,8 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     elif global_cfg.get("password_file"):
         settings.password = read_secret(global_cfg["password_file"], where)
     settings.ca_file = flags.get("ca_file") or global_cfg.get("ca_file")
+    if settings.ca_file:
+        require_regular(settings.ca_file, "CA file")
     settings.metrics_dir = flags.get("metrics_dir") or global_cfg.get("metrics_dir")
 
     if job is None:

@@ -43,3 +43,16 @@ def read_regular(path, what, max_bytes=MAX_CONFIG_BYTES):
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError("%s %s: is not UTF-8 text" % (what, path))
+
+
+def require_regular(path, what):
+    """A file a driver opens itself (a TLS CA bundle) must be a regular file:
+    a FIFO there would block the driver, and no timeout of ours covers that."""
+    try:
+        info = os.stat(path)
+    except (IOError, OSError) as exc:
+        raise ConfigError("%s %s: cannot read (%s)" % (what, path, exc.strerror or exc))
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError("%s %s: is not a regular file (a FIFO, device, socket or directory "
+                          "would block or never end)" % (what, path))
+    return path

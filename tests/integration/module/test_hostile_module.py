@@ -22,6 +22,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import 
 SECRET = "Module-Hostile-Secret-42"
 OTHER = "other-node:7:0123456789abcdef01234567"
 KEY = "hostile-module-held"
+FIFO_PATH = [""]  # set by the fixture: the FIFO the cases name
 
 # (id, module arguments (KEY and the backend added unless given), fragment of msg)
 CASES = [
@@ -75,6 +76,7 @@ CASES = [
     ("password file device", {"backend_password_file": "/dev/zero"}, "is not a regular file"),
     ("password file directory", {"backend_password_file": "/tmp"}, "is not a regular file"),
     ("ca file newline", {"ca_file": "/etc/ca\n.pem"}, "ca_file: '/etc/ca\\n.pem' holds a control character"),
+    ("ca file fifo", {"ca_file": "@FIFO@"}, "ca_file @FIFO@: is not a regular file"),
     ("ca file traversal", {"ca_file": "/etc/ssl/../ca.pem"}, "is not normalised"),
     ("password control", {"backend_password": SECRET + "\n"}, "backend_password: holds a control character"),
     ("target url password", {"run_on": "target", "backend_url": "redis://u:%s@127.0.0.1:1/0" % SECRET},
@@ -124,6 +126,7 @@ def outcome(redis_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile-module")
     fifo = str(tmp / "fifo")
     os.mkfifo(fifo)
+    FIFO_PATH[:] = [fifo]
     engine = open_backend(redis_server.url)
     engine.force_release(KEY)
     before = engine.acquire(KEY, OTHER, 600)
@@ -159,6 +162,7 @@ def test_hostile_module_argument_fails_with_the_field_named(outcome, index):
     by_case, out, _lock = outcome
     case_id, _args, fragment = CASES[index]
     result = by_case[str(index)]
+    fragment = fragment.replace("@FIFO@", FIFO_PATH[0])
     assert result.get("failed") is True, (case_id, result)
     assert fragment in result["msg"], (case_id, result["msg"])
     assert "Traceback" not in json.dumps(result)

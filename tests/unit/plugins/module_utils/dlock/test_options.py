@@ -1,6 +1,7 @@
 import pytest
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.durations import format_duration, parse_duration
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import duration as parse_duration
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import format_duration
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import LockOptions, clock_margin
 

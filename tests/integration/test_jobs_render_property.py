@@ -1,0 +1,179 @@
+"""Property tests of the job list: Hypothesis generates job entries, hostile
+ones included; the dlock_jobs filter either refuses an entry with the field
+named, or the role's own templates render units that systemd-analyze verify
+accepts without a single warning and that hold exactly the intended settings.
+
+Rendering is Ansible's own templating of the role's template files, with its
+defaults and vars (tests/render_helper.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+from ansible_cli import ROOT
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import dlock_jobs
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import CONTROL
+
+ROLE = os.path.join(ROOT, "roles", "dlock_jobs")
+CONTROL_CHARS = st.sampled_from(["\n", "\r", "\x00", "\t", "\x1b", "\x7f", "\x85", "\u2028", "\u2029"])
+# Any text, with a control character thrown in often.
+TEXT = st.one_of(st.text(max_size=40), st.sampled_from(["100%", "%h on %H", "50%% done", "a\\", "ends\\ "]),
+                 st.builds(lambda a, c, b: a + c + b, st.text(max_size=10), CONTROL_CHARS,
+                                                  st.text(max_size=10)))
+NAMES = st.from_regex(r"\A[a-z][a-z0-9_.-]{0,20}\Z")
+PATHS = st.from_regex(r"\A(/[a-z0-9_-][a-z0-9_.-]{0,7}){1,4}\Z")
+VALID_FOR = {"MemoryMax": "100M", "Nice": "5", "CPUQuota": "50%", "TimeoutStartSec": "1h", "IOSchedulingClass": "idle"}
+# Directives with values systemd takes, and settings that must be refused.
+UNIT_SETTINGS = st.lists(st.one_of(
+    st.sampled_from(sorted(VALID_FOR.items())),
+    st.sampled_from([("ExecStartPre", "/bin/id"), ("User", "root"), ("Foo\nBar", "1"),
+                     ("MemoryMax", "1G\nExecStartPre=/bin/id"), ("LoadCredential", "x:/etc/shadow")])),
+    max_size=3).map(dict)
+VALID_SETTINGS = st.lists(st.sampled_from(sorted(VALID_FOR.items())), max_size=3).map(dict)
+SCHEDULES = st.one_of(st.sampled_from(["hourly", "*:0/5", "Mon..Fri *-*-* 02:00:00", "*-*-* 03:30:00 UTC"]), TEXT)
+
+
+def mostly(valid, hostile, hostile_too=True):
+    """Three draws in four from the valid strategy (or all, for rendering)."""
+    return st.one_of(valid, valid, valid, hostile) if hostile_too else valid
+
+
+# Printable ASCII without { and }: Ansible templates inventory values itself
+# (a literal {{ needs !unsafe), which is not the filter's business.
+DESCRIPTIONS = st.one_of(st.from_regex(r"\A[ -z|~]{1,30}\Z"), st.sampled_from(["100%", "%h on %H", "50%% done"]))
+
+
+@st.composite
+def job_entries(draw, hostile=True):
+    entry = {"name": draw(mostly(NAMES, TEXT, hostile)), "command": ["/usr/bin/env", draw(st.text(max_size=20))],
+             "schedule": draw(mostly(st.sampled_from(["hourly", "*:0/5", "Mon..Fri *-*-* 02:00:00",
+                                                     "*-*-* 03:30:00 UTC"]), TEXT, hostile))}
+    for field, strategy in (("description", mostly(DESCRIPTIONS, TEXT, hostile)), ("user", mostly(NAMES, TEXT, hostile)),
+                            ("group", mostly(NAMES, TEXT, hostile)),
+                            ("read_write_paths", st.lists(mostly(PATHS, TEXT, hostile), max_size=3)),
+                            ("unit_settings", UNIT_SETTINGS if hostile else VALID_SETTINGS), ("working_directory", mostly(PATHS, TEXT, hostile)),
+                            ("randomized_delay", mostly(st.sampled_from(["1s", "500ms", "0"]),
+                                                        st.sampled_from(["NaN", "1e308", "2m\n", "-1s"]), hostile))):
+        if draw(st.booleans()):
+            entry[field] = draw(strategy)
+    return entry
+
+
+def _accepted(entry):
+    """The filter's verdict: the normalised entry, or None (refused, named)."""
+    try:
+        return dlock_jobs([entry])[0]
+    except AnsibleFilterError as exc:
+        assert "dlock_jobs_list[0]" in str(exc)
+        return None
+
+
+def _render(render, tmp_path, jobs):
+    """The role's two templates for each job, rendered by Ansible's templating
+    (tests/render_helper.py) with the role's defaults, as the role would."""
+    out = tmp_path / "units"
+    out.mkdir()
+    with open(os.path.join(ROLE, "defaults", "main.yml")) as handle:
+        defaults = yaml.safe_load(handle)
+    variables = dict(defaults, dlock_jobs_runner_bin="/bin/true", dlock_jobs_jobs_dir="/etc/dlock/jobs",
+                     dlock_jobs_group="dlock", dlock_jobs_password_path="/etc/dlock/backend.password",
+                     dlock_jobs_metrics_dir="/var/lib/prometheus/node-exporter",
+                     __dlock_jobs_password={"stat": {"exists": False}})
+    for job in dlock_jobs(jobs):
+        for kind in ("service", "timer"):
+            text = render("dlock_jobs", "job.%s.j2" % kind, dict(variables, item=job))
+            (out / ("dlock-%s.%s" % (job["name"], kind))).write_text(text)
+    return out
+
+
+def _settings(path):
+    """{section: [(key, value)]} of a unit file, with %% read back as %."""
+    sections, current = {}, None
+    for line in path.read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), [])
+            continue
+        key, _, value = line.partition("=")
+        current.append((key, value))
+    return sections
+
+
+def _expected(entry, job):
+    """What the [Service] and [Unit] sections must say for this entry."""
+    description = "dlock job %s" % job["name"] + (": %s" % entry["description"] if entry.get("description") else "")
+    return {"Description": description.replace("%", "%%"), "User": entry.get("user", "root"),
+            "Group": entry.get("group"), "OnCalendar": job["schedule"]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(job_entries())
+def test_an_entry_with_a_control_character_anywhere_is_refused(entry):
+    strings = [v for v in entry.values() if isinstance(v, str)] + list(entry.get("read_write_paths", [])) \
+        + [k + "=" + v for k, v in entry.get("unit_settings", {}).items()]
+    if any(CONTROL.search(s) for s in strings):
+        assert _accepted(entry) is None, entry
+
+
+# No shrinking: each example renders 24 units; a failure is reported as found.
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck),
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(st.lists(job_entries(hostile=False), min_size=12, max_size=12))
+def test_every_accepted_entry_renders_exactly_what_was_meant(render, tmp_path_factory, entries):
+    accepted = []
+    for index, entry in enumerate(entries):
+        entry["name"] += "-%d" % index  # unique, so each entry renders its own units
+        job = _accepted(entry)
+        if job is not None:
+            accepted.append((entry, job))
+    if not accepted:
+        return
+    tmp_path = tmp_path_factory.mktemp("units")
+    out = _render(render, tmp_path, [entry for entry, _job in accepted])
+    files = sorted(str(p) for p in out.iterdir())
+    assert len(files) == 2 * len(accepted)
+    verify = subprocess.run(["systemd-analyze", "verify"] + files, capture_output=True, text=True, timeout=60,
+                            check=False)
+    # Any warning about a unit (unknown key, bad value, ignored line) is a failure.
+    warnings = [line for line in (verify.stdout + verify.stderr).splitlines() if str(out) in line]
+    assert verify.returncode == 0 and not warnings, verify.stdout + verify.stderr
+    for entry, job in accepted:
+        service = _settings(out / ("dlock-%s.service" % job["name"]))
+        timer = _settings(out / ("dlock-%s.timer" % job["name"]))
+        expected = _expected(entry, job)
+        unit, svc = dict(service["Unit"]), service["Service"]
+        assert unit["Description"] == expected["Description"]
+        assert dict(svc)["User"] == expected["User"]
+        assert dict(svc).get("Group") == expected["Group"]
+        assert [v for k, v in svc if k == "ExecStart"] == ["/bin/true run --job %s" % job["name"]]
+        assert dict(timer["Timer"])["OnCalendar"] == expected["OnCalendar"]
+        for key, value in entry.get("unit_settings", {}).items():
+            assert (key, value) in svc
+        rw = dict(svc).get("ReadWritePaths", "").split()
+        assert set(entry.get("read_write_paths", [])) <= set(rw)
+        # Nothing but the intended settings: every [Service] key is one the role writes or the entry asked for.
+        allowed = {"Type", "ExecStart", "SuccessExitStatus", "KillMode", "User", "Group", "SupplementaryGroups",
+                   "SyslogIdentifier", "ReadWritePaths"} | set(yaml.safe_load(
+                       open(os.path.join(ROLE, "vars", "main.yml")))["__dlock_jobs_hardening"]) \
+            | set(entry.get("unit_settings", {}))
+        assert {k for k, _v in svc} <= allowed
+
+
+@pytest.mark.parametrize("settings_, message", [
+    ({"ExecStartPre": "/bin/id"}, "is set by the role and cannot be overridden"),
+    ({"User": "root"}, "is set by the role and cannot be overridden"),
+    ({"Foo\nBar": "1"}, "holds a control character"),
+    ({"MemoryMax": "1G\nExecStartPre=/bin/id"}, "holds a control character"),
+])
+def test_unit_settings_cannot_add_or_replace_what_runs(settings_, message):
+    with pytest.raises(AnsibleFilterError, match=re.escape(message)):
+        dlock_jobs([{"name": "x", "command": ["/bin/true"], "schedule": "hourly", "unit_settings": settings_}])

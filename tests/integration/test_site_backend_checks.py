@@ -1,0 +1,76 @@
+"""site.yml's checks of the provisioned backend on the nodes, before anything
+is changed on them: the backend play must have run (its URL known), and a
+PostgreSQL URL with sslmode=verify-full needs dlock_backend_ca_file. The
+backend host is left out with --limit and its URL given in the inventory, so
+only the controller-side assertions of the node play are judged here.
+
+This host is n1: every run is --check and carries a job the jobs preflight
+refuses, so the rollout stops in the node play that checks before it changes
+anything, whatever the backend checks decide."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from ansible_cli import BIN, ROOT, ansible_env
+
+PASSWORD = "x" * 32
+# Refused by the jobs preflight, which follows the backend checks in the same play.
+STOP = {"dlock_jobs_list": [{"name": "stop-here", "schedule": "not a calendar", "command": ["/bin/true"]}]}
+STOPPED = "stop-here: schedule \"not a calendar\" is not a valid systemd OnCalendar expression"
+
+
+def run_site(tmp_path, backend_hostvars, extra):
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "dlock_backend": {"hosts": {"b1": dict(local, **backend_hostvars)}},
+        "dlock_nodes": {"hosts": {"n1": dict(local)}}}}}))
+    variables = tmp_path / "vars.yml"
+    variables.write_text(yaml.safe_dump(dict(STOP, dlock_backend_password=PASSWORD, **extra)))
+    argv = [os.path.join(BIN, "ansible-playbook"), "-i", str(inventory), "--limit", "n1", "--check",
+            "-e", "@" + str(variables), os.path.join(ROOT, "playbooks", "site.yml")]
+    proc = subprocess.run(argv, env=ansible_env(), capture_output=True, text=True, timeout=180, check=False)
+    out = proc.stdout + proc.stderr
+    assert "PLAY [Keep the clocks in sync]" not in out, out  # nothing past the checks ran here
+    return proc, out
+
+
+def task_result(out, name):
+    """The first result line (ok / skipping / fatal) of task NAME for n1."""
+    match = re.search(r"TASK \[%s\].*?\n(ok|skipping|fatal|changed): \[n1\]" % re.escape(name), out, re.S)
+    assert match, out
+    return match.group(1)
+
+
+def test_nodes_without_the_backend_play_are_stopped_with_its_host_named(tmp_path):
+    proc, out = run_site(tmp_path, {}, {"dlock_backend_type": "redis"})
+    assert proc.returncode == 2, out
+    assert "the backend play did not run on b1" in out, out
+    assert PASSWORD not in out
+
+
+VERIFY_FULL = "postgresql://dlock@10.0.0.5:5432/dlock?sslmode=verify-full"
+
+
+def test_postgresql_over_tls_without_a_ca_file_is_stopped(tmp_path):
+    proc, out = run_site(tmp_path, {"dlock_postgresql_url": VERIFY_FULL}, {"dlock_backend_type": "postgresql"})
+    assert proc.returncode == 2, out
+    assert task_result(out, "Require the CA of a PostgreSQL backend with TLS") == "fatal"
+    assert "set dlock_backend_ca_file" in out, out
+    assert PASSWORD not in out
+
+
+@pytest.mark.parametrize("url, extra, result", [
+    (VERIFY_FULL, {"dlock_backend_ca_file": "/etc/dlock/ca.pem"}, "ok"),
+    ("postgresql://dlock@10.0.0.5:5432/dlock", {}, "skipping"),
+], ids=["verify-full with a CA file", "plain"])
+def test_the_ca_check_passes_with_a_ca_file_or_without_tls(tmp_path, url, extra, result):
+    proc, out = run_site(tmp_path, {"dlock_postgresql_url": url}, dict(extra, dlock_backend_type="postgresql"))
+    assert task_result(out, "Require the backend's URL") == "ok"
+    assert task_result(out, "Require the CA of a PostgreSQL backend with TLS") == result
+    assert "set dlock_backend_ca_file" not in out, out
+    assert proc.returncode == 2 and STOPPED in out, out  # the checks went on to the jobs
