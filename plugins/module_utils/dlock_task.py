@@ -111,8 +111,12 @@ def run(params, check_mode=False, diff=False):
         finally:
             backend.close()
     except MissingDriver as exc:
-        raise LockFailed("%s (%s)" % (missing_required_lib(exc.package, reason="for the %s backend"
-                                                           % request.url.split("://")[0]), exc))
+        # The module usually runs on the controller (pip), sometimes on a node (the OS package).
+        pip_name = {"psycopg": '"psycopg[binary]"'}.get(exc.package, exc.package)
+        raise LockFailed("%s (on the controller: python3 -m pip install %s; on a Debian or Ubuntu target: "
+                         "apt install %s)" % (missing_required_lib(exc.package, reason="for the %s backend"
+                                                                   % request.url.split("://")[0]),
+                                              pip_name, exc.distro_package))
     except AuthError as exc:
         raise LockFailed("authentication to the lock backend %s failed: %s; check backend_password or "
                          "backend_password_file (dlock_backend.password / password_file)" % (url, exc))

@@ -237,7 +237,7 @@ class Setup(object):
         self.config_special = False
 
     def apply(self, where, value):
-        kind, _, field = where.partition(":")
+        kind, _sep, field = where.partition(":")
         if kind == "flag":
             self.flags.append(field + "=" + value)  # '=': a value starting with '-' stays a value
         elif kind == "config":

@@ -103,7 +103,7 @@ def _settings(path):
         if line.startswith("["):
             current = sections.setdefault(line.strip("[]"), [])
             continue
-        key, _, value = line.partition("=")
+        key, _sep, value = line.partition("=")
         current.append((key, value))
     return sections
 

@@ -84,7 +84,7 @@ def frozen_redis():
 
 
 def _readline(stream, timeout):
-    ready, _, _ = select.select([stream], [], [], timeout)
+    ready = select.select([stream], [], [], timeout)[0]
     assert ready, "the job did not report within %ss" % timeout
     return stream.readline()
 
@@ -115,7 +115,7 @@ def test_with_a_frozen_backend_the_job_is_dead_before_the_earliest_expiry(frozen
         os.kill(frozen_redis.proc.pid, signal.SIGSTOP)
         try:
             earliest_expiry = report["asked"] + report["pttl_ms"] / 1000.0
-            ready, _, _ = select.select([pidfd], [], [], max(0.0, earliest_expiry - time.monotonic()) + 5)
+            ready = select.select([pidfd], [], [], max(0.0, earliest_expiry - time.monotonic()) + 5)[0]
             died = time.monotonic()
             assert ready, "the job outlived its lease by more than 5s"
             assert died < earliest_expiry, "job died %.3fs after the earliest expiry (%s)" % (

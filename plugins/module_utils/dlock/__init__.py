@@ -2,7 +2,7 @@
 
 Pure Python (stdlib plus the backend's driver, imported lazily), relative
 imports only and no ansible import: the same package is the engine of the
-Ansible module and, copied onto a node, the `python3 -m dlock` runner.
+Ansible module and, copied onto a node, the `dlock` runner (the node wrapper calls dlock.cli.main()).
 """
 
 __version__ = "0.1.0"

@@ -28,6 +28,7 @@ class MissingDriver(ConfigError):
 
     def __init__(self, package, distro_package, url_scheme):
         self.package = package
+        self.distro_package = distro_package
         super().__init__(
             "the %s backend needs the Python package '%s' (Debian/Ubuntu: apt install %s)"
             % (url_scheme, package, distro_package)
