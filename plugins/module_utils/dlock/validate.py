@@ -370,7 +370,7 @@ def backend_url(url, field="backend"):
     string, so no later error can echo a password; errors show the URL with
     any password removed."""
     if not isinstance(url, str) or not url:
-        raise ConfigError("%s: a backend URL is required (%s)" % (field, URL_HINT))
+        raise ConfigError("%s: no backend: a backend URL is required (%s)" % (field, URL_HINT))
     scheme, netloc, path_, query = _split_url(url)
     userinfo, at, hostpart = netloc.rpartition("@")
     if (at and ":" in userinfo) or _SECRET_PARAM.search("?" + query):
