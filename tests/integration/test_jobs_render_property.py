@@ -26,8 +26,7 @@ ROLE = os.path.join(ROOT, "roles", "dlock_jobs")
 CONTROL_CHARS = st.sampled_from(["\n", "\r", "\x00", "\t", "\x1b", "\x7f", "\x85", "\u2028", "\u2029"])
 # Any text, with a control character thrown in often.
 TEXT = st.one_of(st.text(max_size=40), st.sampled_from(["100%", "%h on %H", "50%% done", "a\\", "ends\\ "]),
-                 st.builds(lambda a, c, b: a + c + b, st.text(max_size=10), CONTROL_CHARS,
-                                                  st.text(max_size=10)))
+                 st.builds(lambda a, c, b: a + c + b, st.text(max_size=10), CONTROL_CHARS, st.text(max_size=10)))
 NAMES = st.from_regex(r"\A[a-z][a-z0-9_.-]{0,20}\Z")
 PATHS = st.from_regex(r"\A(/[a-z0-9_-][a-z0-9_.-]{0,7}){1,4}\Z")
 VALID_FOR = {"MemoryMax": "100M", "Nice": "5", "CPUQuota": "50%", "TimeoutStartSec": "1h", "IOSchedulingClass": "idle"}

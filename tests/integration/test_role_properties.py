@@ -24,11 +24,9 @@ Example counts are bounded so the whole file stays well under two minutes.
 
 import hashlib
 import ipaddress
-import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 

@@ -60,8 +60,8 @@ class FileBackend(Backend):
 
     def acquire(self, key, owner, ttl, slot=None):
         try:
-            if not os.path.isdir(self.directory):
-                os.makedirs(self.directory, 0o750)
+            # exist_ok: runners started together race to create it.
+            os.makedirs(self.directory, 0o750, exist_ok=True)
             fd = os.open(self._path(key, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
         except OSError as exc:
             raise BackendError("file: cannot open the lock in %s (%s)" % (self.directory, exc))
