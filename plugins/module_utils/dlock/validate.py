@@ -418,16 +418,13 @@ def _host_port(entry, field, shown_url):
         host, bracket, rest = entry[1:].partition("]")
         if not bracket or (rest and not rest.startswith(":")):
             raise ConfigError("%s: %s: bad IPv6 form (use [address]:port)" % (field, shown_url))
-        if "%" in host:
-            raise ConfigError("%s: %s: an IPv6 zone (%%) is not allowed" % (field, shown_url))
+        _no_zone(host, field)
         try:
             host = str(ipaddress.IPv6Address(host))
         except ValueError:
             raise ConfigError("%s: %s: %s is not an IPv6 address" % (field, shown_url, shown(host)))
         port_text = rest[1:] if rest else None
     else:
-        if "%" in entry:
-            raise ConfigError("%s: %s: a zone (%%) is not allowed in a host" % (field, shown_url))
         host, colon, port_text = entry.partition(":")
         if not colon:
             port_text = None
