@@ -70,6 +70,44 @@ class Ansible(object):
         return out.returncode, json.loads(body), text
 
 
+def galaxy_env(**extra):
+    """ansible-galaxy without the checkout's build/ link or a developer's config."""
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONDONTWRITEBYTECODE="1",
+               PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("ANSIBLE_CONFIG", None)
+    env.pop("ANSIBLE_COLLECTIONS_PATH", None)
+    env.update(extra)
+    return env
+
+
+def build_collection(source, output):
+    """`ansible-galaxy collection build` of SOURCE: the tarball's path."""
+    os.makedirs(output, exist_ok=True)
+    out = subprocess.run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--output-path", str(output),
+                          str(source)], capture_output=True, text=True, env=galaxy_env(), timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    tarballs = [name for name in os.listdir(str(output)) if name.endswith(".tar.gz")]
+    assert len(tarballs) == 1, tarballs
+    return os.path.join(str(output), tarballs[0])
+
+
+def install_collection(tarball, path):
+    """`ansible-galaxy collection install -p PATH TARBALL`, as a user would:
+    returns PATH, which then holds ansible_collections/dlock/fleet."""
+    # ansible-galaxy skips a collection it finds in any configured path ("Nothing
+    # to do"), so a copy in ~/.ansible/collections would hide a broken tarball.
+    out = subprocess.run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "-p", str(path), tarball],
+                         capture_output=True, text=True, env=galaxy_env(ANSIBLE_COLLECTIONS_PATH=str(path)),
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    with open(os.path.join(ROOT, "galaxy.yml")) as handle:
+        version = yaml.safe_load(handle)["version"]
+    assert "dlock.fleet:%s was installed successfully" % version in out.stdout, out.stdout + out.stderr
+    assert os.path.isfile(os.path.join(str(path), "ansible_collections", "dlock", "fleet", "plugins", "modules",
+                                       "dlock.py"))
+    return str(path)
+
+
 def assert_ok(proc):
     out = getattr(proc, "stdout", "") or ""
     assert proc.returncode == 0, out + (getattr(proc, "stderr", "") or "")

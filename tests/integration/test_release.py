@@ -23,7 +23,7 @@ import tarfile
 import jinja2
 import pytest
 import yaml
-from ansible_cli import BIN, ROOT
+from ansible_cli import BIN, ROOT, build_collection, galaxy_env, install_collection
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import role_readmes  # noqa: E402
@@ -34,25 +34,6 @@ SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "CONTRIBUTING.md", "L
                "bindep.txt", "meta", "playbooks", "plugins", "roles", "changelogs", "examples"}
 DEV_PARTS = {"tests", "molecule", "scripts", "build", ".venv", ".ci", ".git", "__pycache__", ".pytest_cache",
              ".ansible", "tests/output"}
-
-
-def quiet_env(**extra):
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONDONTWRITEBYTECODE="1",
-               PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
-    env.pop("ANSIBLE_CONFIG", None)
-    env.pop("ANSIBLE_COLLECTIONS_PATH", None)
-    env.update(extra)
-    return env
-
-
-def build(source, output):
-    os.makedirs(output, exist_ok=True)
-    out = subprocess.run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--output-path", str(output),
-                          str(source)], capture_output=True, text=True, env=quiet_env(), timeout=120, check=False)
-    assert out.returncode == 0, out.stdout + out.stderr
-    tarballs = [name for name in os.listdir(output) if name.endswith(".tar.gz")]
-    assert len(tarballs) == 1, tarballs
-    return os.path.join(str(output), tarballs[0])
 
 
 def members(tarball):
@@ -101,9 +82,9 @@ def release(tmp_path_factory):
     used = clean_tree(str(base / "used"))
     make_used(used)
     return {
-        "checkout": build(ROOT, base / "out-checkout"),
-        "clean": build(clean, base / "out-clean"),
-        "used": build(used, base / "out-used"),
+        "checkout": build_collection(ROOT, base / "out-checkout"),
+        "clean": build_collection(clean, base / "out-clean"),
+        "used": build_collection(used, base / "out-used"),
         "dir": base,
     }
 
@@ -116,7 +97,7 @@ def test_galaxy_importer_passes(release, tmp_path):
                       "run_ansible_lint = true\ncheck_changelog = true\nansible_local_tmp = %s\n"
                       "tmp_root_dir = %s\n" % (tmp_path / "ansible-tmp", tmp_path))
     out = subprocess.run([sys.executable, "-m", "galaxy_importer.main", release["checkout"]], cwd=str(tmp_path),
-                         env=quiet_env(GALAXY_IMPORTER_CONFIG=str(config), HOME=str(tmp_path)),
+                         env=galaxy_env(GALAXY_IMPORTER_CONFIG=str(config), HOME=str(tmp_path)),
                          capture_output=True, text=True, timeout=300, check=False)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log
@@ -207,19 +188,12 @@ def test_node_wrapper_starts_the_runner(tmp_path):
 @pytest.fixture(scope="module")
 def installed(release):
     """The tarball installed into an empty collections path."""
-    path = str(release["dir"] / "collections")
-    out = subprocess.run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "-p", path,
-                          release["checkout"]], capture_output=True, text=True, env=quiet_env(), timeout=120,
-                         check=False)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert os.path.isfile(os.path.join(path, "ansible_collections", "dlock", "fleet", "plugins", "modules",
-                                       "dlock.py"))
-    return path
+    return install_collection(release["checkout"], release["dir"] / "collections")
 
 
 def installed_env(installed, tmp_path):
     """Only the installed copy can be found: no build/ link, no checkout."""
-    return quiet_env(ANSIBLE_COLLECTIONS_PATH=installed, ANSIBLE_LOCALHOST_WARNING="false",
+    return galaxy_env(ANSIBLE_COLLECTIONS_PATH=installed, ANSIBLE_LOCALHOST_WARNING="false",
                      ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
                      ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false")
 
@@ -268,7 +242,7 @@ def test_execution_environment_gets_the_drivers(installed):
     """`ansible-builder introspect` (what an EE build runs on its collections)
     finds the backend drivers and libpq."""
     out = subprocess.run([os.path.join(BIN, "ansible-builder"), "introspect", "--sanitize", installed],
-                         capture_output=True, text=True, env=quiet_env(), timeout=120, check=False)
+                         capture_output=True, text=True, env=galaxy_env(), timeout=120, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     data = yaml.safe_load(out.stdout.split("---", 1)[1])
     python = [line.split("#")[0].strip() for line in data["python"]]
@@ -311,7 +285,7 @@ def test_job_entry_keys_are_documented_as_suboptions():
     from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES
 
     out = subprocess.run([os.path.join(BIN, "ansible-doc"), "-t", "role", "dlock.fleet.dlock_jobs", "--json"],
-                         capture_output=True, text=True, env=quiet_env(ANSIBLE_COLLECTIONS_PATH=os.path.join(
+                         capture_output=True, text=True, env=galaxy_env(ANSIBLE_COLLECTIONS_PATH=os.path.join(
                              ROOT, "build")), timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     options = json.loads(out.stdout)["dlock.fleet.dlock_jobs"]["entry_points"]["main"]["options"]
@@ -344,7 +318,7 @@ def test_changelog_has_the_release_of_galaxy_yml():
         releases = yaml.safe_load(handle)["releases"]
     assert version in releases and releases[version]["changes"]["release_summary"]
     out = subprocess.run([os.path.join(BIN, "antsibull-changelog"), "lint"], cwd=ROOT, capture_output=True,
-                         text=True, env=quiet_env(), timeout=120, check=False)
+                         text=True, env=galaxy_env(), timeout=120, check=False)
     assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
     with open(os.path.join(ROOT, "CHANGELOG.rst")) as handle:
         assert "v%s" % version in handle.read()
