@@ -131,3 +131,35 @@ def test_file_backend_is_exclusive_per_host(tmp_path, unique_key):
     a.release(unique_key, "a")
     grant = b.acquire(unique_key, "b", 5)
     assert grant.granted and grant.fence == 2
+
+
+def test_postgresql_judges_expiry_when_the_statement_runs(pg_server, unique_key):
+    """A takeover that waited on the lease row's lock judges expiry by the
+    clock when it got the row (clock_timestamp()), not when its statement
+    began (now()): a lease that expired during the wait is granted."""
+    import threading
+    holder, taker = open_backend(pg_server.url()), open_backend(pg_server.url())
+    blocker, monitor = pg_server.connect(), pg_server.connect()  # pg_stat_activity is frozen inside a transaction
+    try:
+        assert holder.acquire(unique_key, "owner-a", 1.5).granted
+        blocker.execute("BEGIN")
+        expires = blocker.execute("SELECT expires_at FROM dlock_lease WHERE key = %s FOR UPDATE",
+                                  (unique_key,)).fetchone()[0]
+        result = {}
+        taking = threading.Thread(target=lambda: result.update(grant=taker.acquire(unique_key, "owner-b", 5)))
+        taking.start()
+        # The taker's statement began while the lease was live, and now waits for the row.
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%dlock_lease%'"
+        while monitor.execute(waiting).fetchone()[0] == 0:
+            assert taking.is_alive() and blocker.execute("SELECT clock_timestamp() < %s", (expires,)).fetchone()[0], \
+                "the taker did not queue on the row before the lease expired"
+        while blocker.execute("SELECT clock_timestamp() <= %s", (expires,)).fetchone()[0]:
+            pass  # the lease expires while the taker waits
+        blocker.execute("COMMIT")
+        taking.join(10)
+        assert result["grant"].granted, result["grant"].status
+    finally:
+        blocker.close()
+        monitor.close()
+        holder.close()
+        taker.close()

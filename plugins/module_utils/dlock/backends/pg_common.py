@@ -37,18 +37,24 @@ SCHEMA = (
     )""",
 )
 
+# "Now" is clock_timestamp(), never now(): now() is the transaction's start,
+# which lags real time by every wait inside the transaction (a row lock, a
+# slot claim queued behind another). Expiry checks and new expiries use the
+# moment the statement really runs; the holder's own deadline counts from
+# when it sent the request, which is earlier still, so it stays on the safe side.
+#
 # Grant when the key is free or its lease has expired; the fence grows by one
 # per grant and lives in the row, which is never deleted. expires_at NULL means
 # "held by a session" (advisory backend, which passes ttl_ms NULL, session true).
 UPSERT_LEASE = """
 INSERT INTO dlock_lease AS l (key, owner, fence, acquired_at, expires_at)
-VALUES (%(key)s, %(owner)s, 1, now(),
+VALUES (%(key)s, %(owner)s, 1, clock_timestamp(),
         CASE WHEN %(ttl_ms)s::bigint IS NULL THEN NULL
-             ELSE now() + %(ttl_ms)s::bigint * interval '1 millisecond' END)
+             ELSE clock_timestamp() + %(ttl_ms)s::bigint * interval '1 millisecond' END)
 ON CONFLICT (key) DO UPDATE
    SET owner = excluded.owner, fence = l.fence + 1,
        acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
- WHERE l.owner IS NULL OR l.expires_at <= now()
+ WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
     -- a session holder's row (expires_at NULL) is stale once we hold its advisory lock
     OR (l.expires_at IS NULL AND %(session)s)
 RETURNING fence
@@ -56,17 +62,17 @@ RETURNING fence
 
 CLAIM_SLOT = """
 INSERT INTO dlock_slot (key, slot, owner, expires_at)
-VALUES (%s, %s, %s, now() + %s * interval '1 millisecond')
+VALUES (%s, %s, %s, clock_timestamp() + %s * interval '1 millisecond')
 ON CONFLICT DO NOTHING RETURNING 1
 """
 
 SLOT_OWNER = "SELECT owner FROM dlock_slot WHERE key = %s AND slot = %s"
-PRUNE_SLOTS = "DELETE FROM dlock_slot WHERE key = %s AND expires_at < now()"
+PRUNE_SLOTS = "DELETE FROM dlock_slot WHERE key = %s AND expires_at < clock_timestamp()"
 
 QUERY = """
 SELECT owner, fence, extract(epoch FROM acquired_at)::float8,
-       extract(epoch FROM expires_at - now())::float8, last_run,
-       extract(epoch FROM now())::float8, expires_at IS NULL OR expires_at > now()
+       extract(epoch FROM expires_at - clock_timestamp())::float8, last_run,
+       extract(epoch FROM clock_timestamp())::float8, expires_at IS NULL OR expires_at > clock_timestamp()
   FROM dlock_lease WHERE key = %s
 """
 
@@ -74,16 +80,16 @@ SELECT owner, fence, extract(epoch FROM acquired_at)::float8,
 RELEASE = """
 UPDATE dlock_lease
    SET expires_at = LEAST(COALESCE(expires_at, 'infinity'),
-                          GREATEST(now(), acquired_at + %(min_hold_ms)s * interval '1 millisecond')),
-       owner = CASE WHEN acquired_at + %(min_hold_ms)s * interval '1 millisecond' > now()
-                         AND (expires_at IS NULL OR expires_at > now()) THEN owner END,
+                          GREATEST(clock_timestamp(), acquired_at + %(min_hold_ms)s * interval '1 millisecond')),
+       owner = CASE WHEN acquired_at + %(min_hold_ms)s * interval '1 millisecond' > clock_timestamp()
+                         AND (expires_at IS NULL OR expires_at > clock_timestamp()) THEN owner END,
        last_run = COALESCE(%(last)s::jsonb, last_run)
  WHERE key = %(key)s AND owner = %(owner)s
 RETURNING 1
 """
 
 FORCE_RELEASE = """
-UPDATE dlock_lease SET owner = NULL, expires_at = now()
+UPDATE dlock_lease SET owner = NULL, expires_at = clock_timestamp()
  WHERE key = %s AND owner IS NOT NULL
 RETURNING 1
 """
@@ -193,7 +199,7 @@ class PgBackend(Backend):
     def _query(self, conn, key):
         row = conn.execute(QUERY, (key,)).fetchone()
         if row is None:
-            now = conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()[0]
+            now = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
             return Holder(key, server_time=now)
         owner, fence, acquired_at, ttl_left, last, now, live = row
         return Holder(key, owner=owner if live else None, fence=fence, acquired_at=acquired_at,

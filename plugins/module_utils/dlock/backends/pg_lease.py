@@ -1,5 +1,5 @@
 """PostgreSQL lease table: the lease is a row whose expiry comes from the
-server's now(); it survives reconnects, server restarts and PgBouncer."""
+server's clock (clock_timestamp()); it survives reconnects, server restarts and PgBouncer."""
 
 from .base import Grant, lease_ms
 from .pg_common import FORCE_RELEASE, PgBackend, Refused
@@ -29,10 +29,10 @@ class PgLeaseBackend(PgBackend):
 
     def renew(self, key, owner, ttl):
         def renew(conn):
-            # expires_at > now(): an expired lease is never brought back to life.
+            # expires_at > clock_timestamp(): an expired lease is never brought back to life.
             return conn.execute(
-                "UPDATE dlock_lease SET expires_at = now() + %s * interval '1 millisecond' "
-                "WHERE key = %s AND owner = %s AND expires_at > now() RETURNING 1",
+                "UPDATE dlock_lease SET expires_at = clock_timestamp() + %s * interval '1 millisecond' "
+                "WHERE key = %s AND owner = %s AND expires_at > clock_timestamp() RETURNING 1",
                 (lease_ms(ttl), key, owner)).fetchone() is not None
         return self._run(renew)
 
