@@ -23,15 +23,15 @@ STOP = {"dlock_jobs_list": [{"name": "stop-here", "schedule": "not a calendar", 
 STOPPED = "stop-here: schedule \"not a calendar\" is not a valid systemd OnCalendar expression"
 
 
-def run_site(tmp_path, backend_hostvars, extra):
+def run_site(tmp_path, backend_hostvars, extra, backends=("b1",), limit="n1"):
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {
-        "dlock_backend": {"hosts": {"b1": dict(local, **backend_hostvars)}},
+        "dlock_backend": {"hosts": dict((name, dict(local, **backend_hostvars)) for name in backends)},
         "dlock_nodes": {"hosts": {"n1": dict(local)}}}}}))
     variables = tmp_path / "vars.yml"
     variables.write_text(yaml.safe_dump(dict(STOP, dlock_backend_password=PASSWORD, **extra)))
-    argv = [os.path.join(BIN, "ansible-playbook"), "-i", str(inventory), "--limit", "n1", "--check",
+    argv = [os.path.join(BIN, "ansible-playbook"), "-i", str(inventory), "--limit", limit, "--check",
             "-e", "@" + str(variables), os.path.join(ROOT, "playbooks", "site.yml")]
     proc = subprocess.run(argv, env=ansible_env(), capture_output=True, text=True, timeout=180, check=False)
     out = proc.stdout + proc.stderr
@@ -74,3 +74,13 @@ def test_the_ca_check_passes_with_a_ca_file_or_without_tls(tmp_path, url, extra,
     assert task_result(out, "Require the CA of a PostgreSQL backend with TLS") == result
     assert "set dlock_backend_ca_file" not in out, out
     assert proc.returncode == 2 and STOPPED in out, out  # the checks went on to the jobs
+
+
+def test_redis_with_a_second_backend_host_is_refused(tmp_path):
+    """Redis replication is asynchronous: site.yml does not pretend a second
+    Redis host makes the lock highly available."""
+    proc, out = run_site(tmp_path, {}, {"dlock_backend_type": "redis"}, backends=("b1", "b2"), limit="all")
+    assert proc.returncode == 2, out
+    assert "dlock_backend_type redis takes exactly one host in dlock_backend (it has 2)" in out, out
+    assert "TASK [Apply the backend role]" not in out, out
+    assert PASSWORD not in out

@@ -31,6 +31,7 @@ def test_redis_runs_with_the_lock_settings(host):
     assert effective["maxmemory-policy"] == "noeviction"
     assert effective["appendonly"] == "yes" and effective["appendfsync"] == "always"
     assert effective["protected-mode"] == "yes"
+    assert admin(host, "ROLE").split("\n")[0] == "master"  # never a replica (replicaof no one)
     assert effective["bind"] == "127.0.0.1 " + host.ansible.get_variables()["ansible_host"]
     listening = host.check_output("ss -Hltn sport = :6379")
     assert "0.0.0.0:6379" not in listening and "*:6379" not in listening
