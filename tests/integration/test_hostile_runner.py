@@ -102,7 +102,7 @@ CASES = [
     ("url redis db text", "flag:--backend", "redis://127.0.0.1:6379/abc", "the database must be a number"),
     ("url redis db huge", "flag:--backend", "redis://127.0.0.1:6379/99999", "out of range"),
     ("url redis query", "flag:--backend", "redis://127.0.0.1:6379/0?socket_timeout=0", "take no query parameters"),
-    ("url redis two hosts", "flag:--backend", "redis://a:1,b:2/0", "only postgresql:// takes a list"),
+    ("url redis two hosts", "flag:--backend", "redis://a:1,b:2/0", "only postgresql:// and etcd:// take a list"),
     ("url pg host param", "flag:--backend", "postgresql://u@127.0.0.1/db?host=10.9.9.9", "'host' is not allowed"),
     ("url pg options", "flag:--backend", "postgresql://u@127.0.0.1/db?options=-c%20x", "'options' is not allowed"),
     ("url pg no database", "flag:--backend", "postgresql://u@127.0.0.1", "name the database"),
