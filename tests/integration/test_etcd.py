@@ -12,8 +12,11 @@ import time
 import urllib.request
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from runner_proc import last_log, run_dlock, start_dlock
 
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, ConfigError
 
@@ -248,3 +251,27 @@ def test_a_run_end_to_end_and_a_waiting_runner(etcd_server, unique_key, tmp_path
     assert second["attempt"] >= 2 and second["fence"] > first["fence"]
     assert (tmp_path / "fence").read_text().strip() == str(second["fence"])
     assert open_backend(etcd_server.url).query(unique_key).owner is None
+
+
+LABELS = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True).filter(lambda s: not s.isdigit())
+MEMBERS = st.lists(st.tuples(st.one_of(LABELS, st.ip_addresses(v=4).map(str)), st.integers(1, 65535)),
+                   min_size=1, max_size=5)
+PREFIXES = st.lists(st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,10}", fullmatch=True), min_size=1, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(members=MEMBERS, prefix=PREFIXES, tls=st.booleans(), user=st.one_of(st.none(), LABELS))
+def test_every_member_list_and_prefix_is_read_back(members, prefix, tls, user):
+    url = "%s://%s%s/%s" % ("etcd+https" if tls else "etcd", user + "@" if user else "",
+                            ",".join("%s:%d" % member for member in members), "/".join(prefix))
+    parts = validate.backend_url(url)
+    assert parts.hosts == members and parts.path == "/" + "/".join(prefix) and parts.user == user
+
+
+@settings(max_examples=200, deadline=None)
+@given(members=MEMBERS, secret=st.from_regex(r"[A-Za-z0-9]{8,20}", fullmatch=True))
+def test_a_password_in_an_etcd_url_is_never_shown(members, secret):
+    url = "etcd://dlock:%s@%s/dlock" % (secret, ",".join("%s:%d" % member for member in members))
+    with pytest.raises(ConfigError) as err:
+        validate.backend_url(url)
+    assert "contains a password" in str(err.value) and secret not in str(err.value)
