@@ -237,7 +237,7 @@ def test_a_run_end_to_end_and_a_waiting_runner(etcd_server, unique_key, tmp_path
     args = ["run", "--job", "e2e", "--key", unique_key, "--backend", etcd_server.url, "--ttl", "6s"]
     holder = start_dlock(*args, "--", "sh", "-c", 'touch "$0.running"; while [ ! -e "$0" ]; do sleep 0.02; done',
                          str(gate))
-    wait_for(lambda: (tmp_path / "gate.running").exists(), 20, "the holder's job")
+    wait_for((tmp_path / "gate.running").exists, 20, "the holder's job")
     before = watchers(etcd_server)
     waiter = start_dlock(*args, "--on-contention", "wait", "--wait-timeout", "60s", "--",
                          "sh", "-c", 'echo "$DLOCK_FENCING_TOKEN" > "$0"', str(tmp_path / "fence"))
