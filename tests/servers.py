@@ -1,4 +1,4 @@
-"""Real redis-server and PostgreSQL instances on loopback for tests and benchmarks.
+"""Real redis-server, PostgreSQL and etcd instances on loopback for tests and benchmarks.
 
 Each server gets a free port and a private temp directory; stop() removes
 both. PostgreSQL refuses to run as root, so it runs as the 'postgres' user
@@ -165,4 +165,86 @@ class PostgresServer(object):
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class EtcdServer(object):
+    """etcd (3.4, Debian's etcd-server) on loopback: one member, or a cluster
+    of `members`, each with its own client and peer ports and data dir."""
+
+    def __init__(self, members=1):
+        self.dir = tempfile.mkdtemp(prefix="dlock-etcd-")
+        self.names = ["m%d" % i for i in range(members)]
+        self.client_ports = [free_port() for _name in self.names]
+        self.peer_ports = [free_port() for _name in self.names]
+        cluster = ",".join("%s=http://127.0.0.1:%d" % (name, port) for name, port in zip(self.names, self.peer_ports))
+        self.argv = []
+        for index, name in enumerate(self.names):
+            client = "http://127.0.0.1:%d" % self.client_ports[index]
+            peer = "http://127.0.0.1:%d" % self.peer_ports[index]
+            self.argv.append(["etcd", "--name", name, "--data-dir", os.path.join(self.dir, name),
+                              "--listen-client-urls", client, "--advertise-client-urls", client,
+                              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                              "--initial-cluster", cluster, "--initial-cluster-state", "new",
+                              "--initial-cluster-token", os.path.basename(self.dir)])
+        self.procs = [None] * members
+        for index in range(members):
+            self.start_member(index, wait=False)
+        for index in range(members):
+            _wait_port(self.client_ports[index], self.procs[index])
+        self.wait_healthy()
+
+    @property
+    def url(self):
+        return "etcd://%s/dlock" % ",".join("127.0.0.1:%d" % port for port in self.client_ports)
+
+    def member_url(self, index):
+        return "etcd://127.0.0.1:%d/dlock" % self.client_ports[index]
+
+    def start_member(self, index, wait=True):
+        self.procs[index] = subprocess.Popen(self.argv[index], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if wait:
+            _wait_port(self.client_ports[index], self.procs[index])
+            self.wait_healthy()
+
+    def stop_member(self, index):
+        proc = self.procs[index]
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait(10)
+
+    def restart(self):
+        """Stop every member and start them again on the same data dirs."""
+        for index in range(len(self.names)):
+            self.stop_member(index)
+        for index in range(len(self.names)):
+            self.start_member(index, wait=False)
+        for index in range(len(self.names)):
+            _wait_port(self.client_ports[index], self.procs[index])
+        self.wait_healthy()
+
+    def etcdctl(self, *args, user=None):
+        """etcdctl against the live members; returns its stdout (raises on failure)."""
+        live = ",".join("127.0.0.1:%d" % port for port, proc in zip(self.client_ports, self.procs)
+                        if proc is not None and proc.poll() is None)
+        argv = ["etcdctl", "--endpoints", live, "--command-timeout", "10s"] + (["--user", user] if user else [])
+        return subprocess.run(argv + list(args), env=dict(os.environ, ETCDCTL_API="3"), capture_output=True,
+                              text=True, check=True, timeout=30).stdout
+
+    def wait_healthy(self, timeout=30.0):
+        """Until the cluster has a leader and serves a linearizable read."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.etcdctl("get", "--consistency=l", "/health-probe")
+                return
+            except subprocess.CalledProcessError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def stop(self):
+        for index in range(len(self.names)):
+            self.stop_member(index)
         shutil.rmtree(self.dir, ignore_errors=True)
