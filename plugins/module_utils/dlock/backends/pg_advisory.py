@@ -57,7 +57,8 @@ class PgAdvisoryBackend(PgBackend):
                 return self._refusal(conn, key, slot, refused.status)
             self._lock_conn = conn
             return Grant("granted", fence=fence)
-        return self._run(grant)
+        # A grant not counted (CommitUnknown) has dropped the connection, and the lock with it.
+        return self._grant(grant, key, owner, slot)
 
     def _holding(self):
         """The connection that holds our lock, or None once it is gone."""
@@ -86,7 +87,7 @@ class PgAdvisoryBackend(PgBackend):
             released = self._release_row(conn, key, owner, min_hold, last)
             conn.execute("SELECT pg_advisory_unlock(%s)", (lock_id(key),))
             return released
-        return self._run(release)
+        return self._run(release, write=True)
 
     def force_release(self, key):
         def force(conn):
@@ -98,7 +99,7 @@ class PgAdvisoryBackend(PgBackend):
                     raise BackendError("postgresql: could not end session %d holding %s" % (pid, key))
             conn.execute(FORCE_RELEASE, (key,))
             return holder
-        return self._run(force)
+        return self._run(force, write=True)
 
     def _query(self, conn, key):
         holder = PgBackend._query(self, conn, key)
