@@ -133,3 +133,26 @@ def test_holder_self_fences_when_the_standby_goes(pg_sync, unique_key, tmp_path)
     # The heartbeat gives up on a renewal at op_timeout, as the backend's cancel
     # request goes out: either one's words may be the last error.
     assert log["result"] == "lock_lost" and log["renew_error"], log
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_multi_host_url_lands_on_the_primary(pg_sync, unique_key, scheme, tmp_path):
+    closed = "127.0.0.1:1"  # nothing listens there
+    standby = "127.0.0.1:%d" % pg_sync.standby.port
+    primary = "127.0.0.1:%d" % pg_sync.primary.port
+    ledger = str(tmp_path / "ledger")
+    for hosts in ([closed, primary], [standby, primary], [closed, standby, primary]):
+        url = "%s://postgres@%s/dlock" % (scheme, ",".join(hosts))
+        proc = run_dlock(*_args(url, unique_key, "--", *JOB, "interval", ledger, "0"))
+        assert proc.returncode == 0, (hosts, proc.stderr)
+    assert [run["fence"] for run in lines(ledger)] == [1, 2, 3]
+
+
+def test_standby_alone_is_refused(pg_sync, unique_key):
+    backend = open_backend(pg_sync.standby.url(), op_timeout=OP_TIMEOUT)
+    try:
+        with pytest.raises(BackendError) as err:
+            backend.acquire(unique_key, "owner-a", 30)
+    finally:
+        backend.close()
+    assert "read-only" in str(err.value)

@@ -4,8 +4,11 @@ Connections are autocommit, never use server-side prepared statements (so they
 work through PgBouncer in transaction mode) and carry TCP keepalives and a TCP
 user timeout, so a dead peer is noticed in seconds rather than hours.
 
-High availability (Patroni, synchronous replication): a write counts only
-when its commit is known to be synchronously replicated (see CommitUnknown).
+High availability (Patroni, synchronous replication): the URL may list several
+hosts; they are tried in order and only a read-write server is accepted
+(target_session_attrs=read-write, always), so a failover is a reconnect. A
+write counts only when its commit is known to be synchronously replicated
+(see CommitUnknown).
 """
 
 import json
@@ -163,6 +166,11 @@ class PgBackend(Backend):
             connect_timeout=max(2, int(math.ceil(self.op_timeout))),
             keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
             tcp_user_timeout=_ms(self.op_timeout),
+            # A lock is only ever taken on a server that takes writes: with
+            # several hosts (h1,h2,h3) they are tried in order and a standby
+            # is passed over; with one, a standby is an error, not a lock.
+            # This overrides the URL, which validate.py limits to read-write.
+            target_session_attrs="read-write",
         )
         if self.password is not None:
             kwargs["password"] = self.password
