@@ -4,6 +4,14 @@ The lock dies with the session: there is no server-side TTL, so a lost
 connection means a lost lock (renew() then says False and the runner fences
 at once). PgBouncer in transaction pooling breaks it: connect directly. The
 lease table still carries the fence, the holder and the last run.
+
+It does not survive a failover. An advisory lock lives in one server's memory
+and is never replicated: a standby promoted in place of the primary knows
+nothing of it, so a runner connecting there takes the same key at once, while
+the old holder only notices its lost session at its next heartbeat (up to
+renew_every + op_timeout, then kill_grace): two jobs can overlap. On a
+replicated cluster (Patroni) use postgresql://, the lease table, whose grants
+count only once a synchronous standby has them.
 """
 
 import hashlib
