@@ -65,6 +65,22 @@ def own_etcd():
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def pg_sync_cluster():
+    """A primary with one strictly synchronous standby (servers.PostgresSyncPair)."""
+    pair = servers.PostgresSyncPair()
+    yield pair
+    pair.stop()
+
+
+@pytest.fixture
+def pg_sync(pg_sync_cluster):
+    """The synchronous pair with its standby up and synchronous, whatever the
+    previous test of the module did to it."""
+    pg_sync_cluster.standby_up()
+    return pg_sync_cluster
+
+
 @pytest.fixture(params=["redis", "postgresql", "postgresql+advisory", "etcd"])
 def backend_url(request):
     """Each shared-backend kind in turn."""

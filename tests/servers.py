@@ -97,17 +97,48 @@ class PostgresServer(object):
         self._as_postgres([PG_BIN + "/initdb", "-D", self.data, "-A", "trust", "-U", "postgres",
                            "--no-sync", "-E", "UTF8"])
         with open(os.path.join(self.data, "pg_hba.conf"), "w") as hba:
+            # postgres may also stream WAL to a standby (PostgresStandby).
             hba.write("local all postgres trust\nhost all postgres 127.0.0.1/32 trust\n"
+                      "host replication postgres 127.0.0.1/32 trust\n"
                       "host all all 127.0.0.1/32 scram-sha-256\n")
+        self.start()
+        self.sql("CREATE DATABASE dlock")
+        self.sql("CREATE ROLE locker LOGIN PASSWORD '%s'; GRANT ALL ON DATABASE dlock TO locker" % password)
+        self.sql("GRANT ALL ON SCHEMA public TO locker", db="dlock")
+
+    def start(self):
+        """Start the server on its port and data directory (again, after halt())."""
         self.proc = subprocess.Popen(
             ["runuser", "-u", "postgres", "--", PG_BIN + "/postgres", "-D", self.data, "-p", str(self.port),
              "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + self.dir,
              "-c", "fsync=off", "-c", "max_connections=200"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_port(self.port, self.proc)
-        self.sql("CREATE DATABASE dlock")
-        self.sql("CREATE ROLE locker LOGIN PASSWORD '%s'; GRANT ALL ON DATABASE dlock TO locker" % password)
-        self.sql("GRANT ALL ON SCHEMA public TO locker", db="dlock")
+        self._wait_accepting()
+
+    def _wait_accepting(self, timeout=30.0):
+        """The port opens before the server takes connections ("the database
+        system is starting up", a standby until it is consistent)."""
+        import psycopg
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.connect("postgres").close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+
+    def halt(self):
+        """Stop the server at once (immediate mode); its data directory stays for start()."""
+        subprocess.run(["runuser", "-u", "postgres", "--", PG_BIN + "/pg_ctl", "-D", self.data, "-m", "immediate",
+                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
 
     def _as_postgres(self, argv):
         subprocess.run(["runuser", "-u", "postgres", "--"] + argv, check=True,
@@ -154,17 +185,13 @@ class PostgresServer(object):
             return int(handle.readline())
 
     def stop(self):
-        for pid in self.all_pids():
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except OSError:
-                pass
-        subprocess.run(["runuser", "-u", "postgres", "--", PG_BIN + "/pg_ctl", "-D", self.data, "-m", "immediate",
-                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        if self.proc.poll() is None:  # running: wake any paused process so it can stop
+            for pid in self.all_pids():
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+        self.halt()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -248,3 +275,68 @@ class EtcdServer(object):
         for index in range(len(self.names)):
             self.stop_member(index)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgresStandby(PostgresServer):
+    """A hot standby streaming from a PostgresServer (pg_basebackup -R): the
+    same roles and data, read-only, on its own port."""
+
+    def __init__(self, primary):  # copies the primary: no initdb
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="dlock-pg-standby-")
+        self.password = primary.password
+        user = pwd.getpwnam("postgres")
+        os.chown(self.dir, user.pw_uid, user.pw_gid)
+        self.data = os.path.join(self.dir, "data")
+        self._as_postgres([PG_BIN + "/pg_basebackup", "-D", self.data, "-h", "127.0.0.1", "-p", str(primary.port),
+                           "-U", "postgres", "-R", "-X", "stream", "--no-sync", "--checkpoint=fast"])
+        self.start()
+
+
+class PostgresSyncPair(object):
+    """A primary and one standby with strict synchronous replication, as
+    Patroni's synchronous_mode_strict leaves it: synchronous_standby_names = '*'
+    and synchronous_commit = on, so a commit waits for the standby, and waits
+    for ever while no standby is connected."""
+
+    def __init__(self):
+        self.primary = PostgresServer()
+        try:
+            self.standby = PostgresStandby(self.primary)
+            self.primary.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            self.primary.sql("ALTER SYSTEM SET synchronous_commit = 'on'")
+            self.primary.sql("SELECT pg_reload_conf()")
+            self.wait_synchronous()
+        except BaseException:
+            self.primary.stop()
+            raise
+
+    def synchronous(self):
+        """True when the primary has a synchronous standby streaming to it."""
+        rows = self.primary.sql("SELECT count(*) FROM pg_stat_replication "
+                                "WHERE state = 'streaming' AND sync_state = 'sync'")
+        return rows[0][0] > 0
+
+    def wait_synchronous(self, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while not self.synchronous():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby did not become synchronous within %gs" % timeout)
+            time.sleep(0.05)
+
+    def standby_down(self):
+        self.standby.halt()
+        deadline = time.monotonic() + 30
+        while self.synchronous():  # the primary notices the walsender's end
+            if time.monotonic() > deadline:
+                raise RuntimeError("the primary still reports a synchronous standby")
+            time.sleep(0.05)
+
+    def standby_up(self):
+        if self.standby.proc.poll() is not None:
+            self.standby.start()
+        self.wait_synchronous()
+
+    def stop(self):
+        self.standby.stop()
+        self.primary.stop()

@@ -105,6 +105,8 @@ CASES = [
     ("url redis two hosts", "flag:--backend", "redis://a:1,b:2/0", "only postgresql:// and etcd:// take a list"),
     ("url pg host param", "flag:--backend", "postgresql://u@127.0.0.1/db?host=10.9.9.9", "'host' is not allowed"),
     ("url pg options", "flag:--backend", "postgresql://u@127.0.0.1/db?options=-c%20x", "'options' is not allowed"),
+    ("url pg not read-write", "flag:--backend", "postgresql://u@a,b/db?target_session_attrs=any",
+     "dlock only uses a read-write server"),
     ("url pg no database", "flag:--backend", "postgresql://u@127.0.0.1", "name the database"),
     ("url etcd password", "flag:--backend", "etcd://u:%s@127.0.0.1:2379/dlock" % SECRET, "contains a password"),
     ("url etcd password query", "flag:--backend", "etcd+https://u@127.0.0.1:2379/dlock?password=%s" % SECRET,

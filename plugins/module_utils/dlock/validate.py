@@ -481,6 +481,12 @@ def _query(query, scheme, field):
             raise ConfigError("%s: query parameter %s is given twice" % (field, name))
         params[name] = text(value, "%s: %s" % (field, name), 1024, re.compile(r"[A-Za-z0-9_./:,-]+"),
                             "letters, digits and _ . / : , -")
+    # A lock needs a server that takes writes: the engine always connects
+    # with target_session_attrs=read-write (a multi-host URL then lands on the
+    # primary), so a URL asking for anything else is refused, not overridden.
+    if params.get("target_session_attrs", "read-write") != "read-write":
+        raise ConfigError("%s: target_session_attrs=%s: dlock only uses a read-write server "
+                          "(target_session_attrs=read-write, the default)" % (field, params["target_session_attrs"]))
     return params
 
 
