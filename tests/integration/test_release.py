@@ -194,8 +194,8 @@ def installed(release):
 def installed_env(installed, tmp_path):
     """Only the installed copy can be found: no build/ link, no checkout."""
     return galaxy_env(ANSIBLE_COLLECTIONS_PATH=installed, ANSIBLE_LOCALHOST_WARNING="false",
-                     ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-                     ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false")
+                      ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+                      ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false")
 
 
 def test_installed_collection_runs_the_module_and_runbooks(installed, redis_server, unique_key, tmp_path):
