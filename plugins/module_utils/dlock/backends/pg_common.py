@@ -13,10 +13,10 @@ write counts only when its commit is known to be synchronously replicated
 
 import json
 import math
-import threading
 
 from ..errors import AuthError, BackendError, DlockError, MissingDriver
 from ..validate import MAX_DURATION
+from ..watchdog import Watchdog
 from .base import Backend, Grant, Holder, lease_ms
 
 try:
@@ -155,6 +155,7 @@ class PgBackend(Backend):
         self._schema_ready = False
         # (severity, message, detail) of the notices of the current operation
         self._notices = []
+        self._watchdog = Watchdog("dlock-pg-cancel")
 
     # -- connection -------------------------------------------------------
     def _connect(self):
@@ -239,22 +240,15 @@ class PgBackend(Backend):
         standby, which with a strict synchronous setup and no standby lasts
         for ever. A cancel does end it: the commit is then acknowledged with
         a warning (see _commit_warning)."""
-        fired = threading.Event()
-
-        def cancel():
-            fired.set()
-            self._cancel(conn)
-        timer = threading.Timer(self.op_timeout, cancel)
-        timer.daemon = True
+        self._watchdog.arm(self.op_timeout, lambda: self._cancel(conn))
         del self._notices[:]
-        timer.start()
         try:
             if not self._schema_ready:  # a CREATE TABLE commits: under the op_timeout too
                 self._ensure_schema(conn)
             return fn(conn)
         finally:
-            timer.cancel()
-            if fired.is_set():
+            fired = self._watchdog.disarm()
+            if fired:
                 self.reset()  # the cancel request may land on our next statement: start afresh
 
     def _run(self, fn, write=False):
