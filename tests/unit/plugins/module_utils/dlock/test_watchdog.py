@@ -15,7 +15,7 @@ def test_fires_once_its_time_is_up_and_says_so():
 
 def test_disarmed_in_time_it_never_fires_and_is_reusable():
     dog, calls = Watchdog(), []
-    for _ in range(200):
+    for _round in range(200):
         dog.arm(60, lambda: calls.append("late"))
         assert dog.disarm() is False
     fired = threading.Event()
