@@ -428,9 +428,8 @@ class Lab:
             self._ensure_node(node, image)
         self._write_hosts(wanted)
         to_boot = [n["name"] for n in wanted if self.pid(n["name"]) is None]
-        for name in to_boot:
-            self._boot(name)
-        self._wait_booted(to_boot, timeout)
+        spawned = dict((name, self._boot(name)) for name in to_boot)
+        self._wait_booted(to_boot, timeout, spawned)
         self._write_inventory(wanted)
         return [n["name"] for n in wanted]
 
@@ -484,9 +483,10 @@ class Lab:
             os.replace(path + ".tmp", path)
 
     def _boot(self, name):
+        """Start the node; returns the Popen of its nspawn (the shell that execs it)."""
         os.makedirs(self.state_dir, exist_ok=True)
         with open(self._log(name), "ab") as log:
-            spawn_in_cgroup(name, [
+            return spawn_in_cgroup(name, [
                 "systemd-nspawn", "-q", "-D", os.path.join(self._node_dir(name), "root"),
                 # No host systemd and no bus: nspawn must not register or make a scope.
                 "--register=no", "--keep-unit", f"--machine={name}",
@@ -494,13 +494,23 @@ class Lab:
                 "--resolv-conf=off", "--link-journal=no", "-b",
             ], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def _wait_booted(self, names, timeout):
-        """Wait (in parallel) until each node's systemd finished booting and sshd answers."""
+    def _wait_booted(self, names, timeout, spawned=None):
+        """Wait (in parallel) until each node's systemd finished booting and sshd answers.
+
+        spawned: {name: Popen} of the nodes just booted. Their own process says
+        whether nspawn exited: a scan of /proc can miss it while the shell execs
+        nspawn (its cmdline reads empty for that moment), which once failed a
+        healthy boot."""
         deadline = time.monotonic() + timeout
+        spawned = spawned or {}
+
+        def exited(name):
+            proc = spawned.get(name)
+            return proc.poll() is not None if proc is not None else self.pid(name) is None
 
         def wait_one(name):
             while True:
-                if self.pid(name) is None:
+                if exited(name):
                     raise LabError(f"{name}: systemd-nspawn exited while booting; log {self._log(name)}:\n"
                                    + self._log_tail(name))
                 left = deadline - time.monotonic()
@@ -620,11 +630,12 @@ class Lab:
         """Boot a stopped or crashed node again (no-op if it runs); unless wait is
         false (e.g. to boot it while partitioned), wait until it booted and sshd answers."""
         name = self.node(node)
+        spawned = {}
         if self.pid(name) is None:
             kill_cgroup(name)  # nothing of the previous boot may linger
-            self._boot(name)
+            spawned[name] = self._boot(name)
         if wait:
-            self._wait_booted([name], timeout)
+            self._wait_booted([name], timeout, spawned)
 
     def partition(self, node):
         """Cut the node off the network (host end of its veth down)."""
