@@ -21,7 +21,10 @@ def etcdctl(host, user, command, password=None):
     prefix = "etcdctl --endpoints=http://%s:2379 -w json " % address(host)
     if user:
         prefix += "--user %s " % user
-    return ssh_with_stdin(host, prefix + command, password or "")
+    done = ssh_with_stdin(host, prefix + command, password or "")
+    if done.stdout.startswith("Password:"):  # etcdctl prompts on stdout
+        done.stdout = done.stdout.split("\n", 1)[1]
+    return done
 
 
 def as_root(host, command):
