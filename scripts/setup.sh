@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 DEBS=(
   redis-server redis-tools postgresql          # real backends for the engine/module tests
+  etcd-server etcd-client
   prometheus                                   # promtool: check metrics and rules
   debootstrap systemd-container iproute2 iptables  # the lab: nspawn nodes in network namespaces
   openssh-client faketime chrony rsync git
@@ -27,7 +28,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -c 'import ansible, redis, psycopg, pytest, molecule' 2>/dev/null \
+if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -c 'import ansible, redis, psycopg, etcd3gw, pytest, molecule' 2>/dev/null \
    || [[ requirements-dev.txt -nt .venv/.installed ]]; then
   echo "setup: creating .venv with the Python tools"
   python3 -m venv .venv

@@ -60,12 +60,9 @@ if ((pytest_rc != 0 || static_rc != 0)); then
 fi
 
 stage "pytest: the lab fleet (systemd-nspawn nodes over SSH; site.yml on Redis and PostgreSQL)"
-pytest tests/lab
+pytest --durations=12 tests/lab
 
-stage "molecule: the runner and jobs roles on the lab"
-molecule test -s default
-
-stage "molecule: the Redis backend, chrony and metrics (a backend node + 3 job nodes)"
+stage "molecule: the Redis backend, chrony, the runner, the jobs and metrics (a backend node + 3 job nodes)"
 molecule test -s redis
 
 stage "molecule: the PostgreSQL backend, chrony and metrics (a backend node + 3 job nodes)"

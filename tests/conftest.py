@@ -1,8 +1,8 @@
 """Shared test setup.
 
 Makes the checkout importable as ansible_collections.dlock.fleet (a symlink
-under build/), and provides real redis-server / PostgreSQL instances on
-loopback (runner_proc.py starts the node runner as the node's wrapper does).
+under build/), and provides real redis-server / PostgreSQL / etcd instances
+on loopback (runner_proc.py starts the node runner as the node's wrapper does).
 """
 
 import json
@@ -49,11 +49,45 @@ def pg_server():
     server.stop()
 
 
-@pytest.fixture(params=["redis", "postgresql", "postgresql+advisory"])
+@pytest.fixture(scope="session")
+def etcd_server():
+    """One etcd member, shared by the session (no auth)."""
+    server = servers.EtcdServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_etcd():
+    """A private single-member etcd for tests that restart it or enable auth."""
+    server = servers.EtcdServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def pg_sync_cluster():
+    """A primary with one strictly synchronous standby (servers.PostgresSyncPair)."""
+    pair = servers.PostgresSyncPair()
+    yield pair
+    pair.stop()
+
+
+@pytest.fixture
+def pg_sync(pg_sync_cluster):
+    """The synchronous pair with its standby up and synchronous, whatever the
+    previous test of the module did to it."""
+    pg_sync_cluster.standby_up()
+    return pg_sync_cluster
+
+
+@pytest.fixture(params=["redis", "postgresql", "postgresql+advisory", "etcd"])
 def backend_url(request):
     """Each shared-backend kind in turn."""
     if request.param == "redis":
         return request.getfixturevalue("redis_server").url
+    if request.param == "etcd":
+        return request.getfixturevalue("etcd_server").url
     return request.getfixturevalue("pg_server").url(scheme=request.param)
 
 

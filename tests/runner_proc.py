@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
@@ -43,3 +44,21 @@ def last_log(stderr):
     lines = [line for line in stderr.splitlines() if line.startswith("{")]
     assert lines, "no JSON log line in stderr: %r" % stderr
     return json.loads(lines[-1])
+
+
+def lines(path):
+    """The JSON records a job of jobfixture.py appended to path (none yet: [])."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def wait_for(predicate, timeout, what):
+    """Poll predicate() until it is true; fail after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting for " + what)

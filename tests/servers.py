@@ -1,4 +1,4 @@
-"""Real redis-server and PostgreSQL instances on loopback for tests and benchmarks.
+"""Real redis-server, PostgreSQL and etcd instances on loopback for tests and benchmarks.
 
 Each server gets a free port and a private temp directory; stop() removes
 both. PostgreSQL refuses to run as root, so it runs as the 'postgres' user
@@ -97,17 +97,48 @@ class PostgresServer(object):
         self._as_postgres([PG_BIN + "/initdb", "-D", self.data, "-A", "trust", "-U", "postgres",
                            "--no-sync", "-E", "UTF8"])
         with open(os.path.join(self.data, "pg_hba.conf"), "w") as hba:
+            # postgres may also stream WAL to a standby (PostgresStandby).
             hba.write("local all postgres trust\nhost all postgres 127.0.0.1/32 trust\n"
+                      "host replication postgres 127.0.0.1/32 trust\n"
                       "host all all 127.0.0.1/32 scram-sha-256\n")
+        self.start()
+        self.sql("CREATE DATABASE dlock")
+        self.sql("CREATE ROLE locker LOGIN PASSWORD '%s'; GRANT ALL ON DATABASE dlock TO locker" % password)
+        self.sql("GRANT ALL ON SCHEMA public TO locker", db="dlock")
+
+    def start(self):
+        """Start the server on its port and data directory (again, after halt())."""
         self.proc = subprocess.Popen(
             ["runuser", "-u", "postgres", "--", PG_BIN + "/postgres", "-D", self.data, "-p", str(self.port),
              "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + self.dir,
              "-c", "fsync=off", "-c", "max_connections=200"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_port(self.port, self.proc)
-        self.sql("CREATE DATABASE dlock")
-        self.sql("CREATE ROLE locker LOGIN PASSWORD '%s'; GRANT ALL ON DATABASE dlock TO locker" % password)
-        self.sql("GRANT ALL ON SCHEMA public TO locker", db="dlock")
+        self._wait_accepting()
+
+    def _wait_accepting(self, timeout=30.0):
+        """The port opens before the server takes connections ("the database
+        system is starting up", a standby until it is consistent)."""
+        import psycopg
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.connect("postgres").close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+
+    def halt(self):
+        """Stop the server at once (immediate mode); its data directory stays for start()."""
+        subprocess.run(["runuser", "-u", "postgres", "--", PG_BIN + "/pg_ctl", "-D", self.data, "-m", "immediate",
+                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
 
     def _as_postgres(self, argv):
         subprocess.run(["runuser", "-u", "postgres", "--"] + argv, check=True,
@@ -154,15 +185,158 @@ class PostgresServer(object):
             return int(handle.readline())
 
     def stop(self):
-        for pid in self.all_pids():
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except OSError:
-                pass
-        subprocess.run(["runuser", "-u", "postgres", "--", PG_BIN + "/pg_ctl", "-D", self.data, "-m", "immediate",
-                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        if self.proc.poll() is None:  # running: wake any paused process so it can stop
+            for pid in self.all_pids():
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+        self.halt()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class EtcdServer(object):
+    """etcd (3.4, Debian's etcd-server) on loopback: one member, or a cluster
+    of `members`, each with its own client and peer ports and data dir."""
+
+    def __init__(self, members=1):
+        self.dir = tempfile.mkdtemp(prefix="dlock-etcd-")
+        self.names = ["m%d" % i for i in range(members)]
+        self.client_ports = [free_port() for _name in self.names]
+        self.peer_ports = [free_port() for _name in self.names]
+        cluster = ",".join("%s=http://127.0.0.1:%d" % (name, port) for name, port in zip(self.names, self.peer_ports))
+        self.argv = []
+        for index, name in enumerate(self.names):
+            client = "http://127.0.0.1:%d" % self.client_ports[index]
+            peer = "http://127.0.0.1:%d" % self.peer_ports[index]
+            self.argv.append(["etcd", "--name", name, "--data-dir", os.path.join(self.dir, name),
+                              "--listen-client-urls", client, "--advertise-client-urls", client,
+                              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                              "--initial-cluster", cluster, "--initial-cluster-state", "new",
+                              "--initial-cluster-token", os.path.basename(self.dir)])
+        self.procs = [None] * members
+        for index in range(members):
+            self.start_member(index, wait=False)
+        for index in range(members):
+            _wait_port(self.client_ports[index], self.procs[index])
+        self.wait_healthy()
+
+    @property
+    def url(self):
+        return "etcd://%s/dlock" % ",".join("127.0.0.1:%d" % port for port in self.client_ports)
+
+    def member_url(self, index):
+        return "etcd://127.0.0.1:%d/dlock" % self.client_ports[index]
+
+    def start_member(self, index, wait=True):
+        self.procs[index] = subprocess.Popen(self.argv[index], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if wait:
+            _wait_port(self.client_ports[index], self.procs[index])
+            self.wait_healthy()
+
+    def stop_member(self, index):
+        proc = self.procs[index]
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait(10)
+
+    def restart(self):
+        """Stop every member and start them again on the same data dirs."""
+        for index in range(len(self.names)):
+            self.stop_member(index)
+        for index in range(len(self.names)):
+            self.start_member(index, wait=False)
+        for index in range(len(self.names)):
+            _wait_port(self.client_ports[index], self.procs[index])
+        self.wait_healthy()
+
+    def etcdctl(self, *args, user=None):
+        """etcdctl against the live members; returns its stdout (raises on failure)."""
+        live = ",".join("127.0.0.1:%d" % port for port, proc in zip(self.client_ports, self.procs)
+                        if proc is not None and proc.poll() is None)
+        argv = ["etcdctl", "--endpoints", live, "--command-timeout", "10s"] + (["--user", user] if user else [])
+        return subprocess.run(argv + list(args), env=dict(os.environ, ETCDCTL_API="3"), capture_output=True,
+                              text=True, check=True, timeout=30).stdout
+
+    def wait_healthy(self, timeout=30.0):
+        """Until the cluster has a leader and serves a linearizable read."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.etcdctl("get", "--consistency=l", "/health-probe")
+                return
+            except subprocess.CalledProcessError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def stop(self):
+        for index in range(len(self.names)):
+            self.stop_member(index)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgresStandby(PostgresServer):
+    """A hot standby streaming from a PostgresServer (pg_basebackup -R): the
+    same roles and data, read-only, on its own port."""
+
+    def __init__(self, primary):  # copies the primary: no initdb
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="dlock-pg-standby-")
+        self.password = primary.password
+        user = pwd.getpwnam("postgres")
+        os.chown(self.dir, user.pw_uid, user.pw_gid)
+        self.data = os.path.join(self.dir, "data")
+        self._as_postgres([PG_BIN + "/pg_basebackup", "-D", self.data, "-h", "127.0.0.1", "-p", str(primary.port),
+                           "-U", "postgres", "-R", "-X", "stream", "--no-sync", "--checkpoint=fast"])
+        self.start()
+
+
+class PostgresSyncPair(object):
+    """A primary and one standby with strict synchronous replication, as
+    Patroni's synchronous_mode_strict leaves it: synchronous_standby_names = '*'
+    and synchronous_commit = on, so a commit waits for the standby, and waits
+    for ever while no standby is connected."""
+
+    def __init__(self):
+        self.primary = PostgresServer()
+        try:
+            self.standby = PostgresStandby(self.primary)
+            self.primary.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            self.primary.sql("ALTER SYSTEM SET synchronous_commit = 'on'")
+            self.primary.sql("SELECT pg_reload_conf()")
+            self.wait_synchronous()
+        except BaseException:
+            self.primary.stop()
+            raise
+
+    def synchronous(self):
+        """True when the primary has a synchronous standby streaming to it."""
+        rows = self.primary.sql("SELECT count(*) FROM pg_stat_replication "
+                                "WHERE state = 'streaming' AND sync_state = 'sync'")
+        return rows[0][0] > 0
+
+    def wait_synchronous(self, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while not self.synchronous():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby did not become synchronous within %gs" % timeout)
+            time.sleep(0.05)
+
+    def standby_down(self):
+        self.standby.halt()
+        deadline = time.monotonic() + 30
+        while self.synchronous():  # the primary notices the walsender's end
+            if time.monotonic() > deadline:
+                raise RuntimeError("the primary still reports a synchronous standby")
+            time.sleep(0.05)
+
+    def standby_up(self):
+        if self.standby.proc.poll() is not None:
+            self.standby.start()
+        self.wait_synchronous()
+
+    def stop(self):
+        self.standby.stop()
+        self.primary.stop()

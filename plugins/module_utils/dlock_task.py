@@ -23,7 +23,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.config import re
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import require_regular
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import format_duration
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, ConfigError, MissingDriver
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import MIN_TTL
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import MIN_TTL, check_backend_ttl
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.runner import new_owner
 
 
@@ -41,7 +41,7 @@ def check_backend_url(url):
     (the validation core looks for credentials before anything else)."""
     if not url:
         raise ConfigError("backend_url: required; set it on the task or in the inventory variable "
-                          "dlock_backend (url: redis://..., postgresql://...)")
+                          "dlock_backend (url: redis://..., postgresql://..., etcd://...)")
     try:
         return validate.backend_url(url, "backend_url")
     except ConfigError as exc:
@@ -64,9 +64,9 @@ class Request(object):
     def __init__(self, params, read_files=True):
         self.state = params["state"]
         self.url = params.get("backend_url")
-        check_backend_url(self.url)
+        scheme = check_backend_url(self.url).scheme
         self.key = validate.lock_key(params["key"], "key")
-        self.ttl = validate.duration(params["ttl"], "ttl", MIN_TTL)
+        self.ttl = check_backend_ttl(validate.duration(params["ttl"], "ttl", MIN_TTL), scheme)
         self.wait = validate.duration(params["wait"], "wait")
         self.op_timeout = validate.duration(params["op_timeout"], "op_timeout", positive=True)
         self.force = params["force"]

@@ -8,6 +8,10 @@ reports medians and ratios. Writes tests/bench/report.json.
 
 Targets (issue #2): `dlock run -- true` within 1.15x of interpreter + driver
 import; acquire+release within 1.3x of the same two calls on the bare client.
+etcd and PostgreSQL HA (issue #13): acquire+release on etcd against the
+same lease, create-if-absent, delete and revoke by hand with etcd3gw, and
+`dlock run` against `etcdctl lock`; acquire+release on a primary with a
+strictly synchronous standby against the single server.
 """
 
 import argparse
@@ -86,14 +90,53 @@ def pg_round_trips(server, rounds):
     return timed_calls({"dlock acquire+release": ours, "psycopg upsert + update": raw}, rounds)
 
 
-def runner_wall(url, driver, rounds):
+def etcd_round_trips(server, rounds):
+    """Ours: lease grant, create-if-absent transaction; release: read, owner-
+    checked delete transaction, revoke. By hand with etcd3gw: lease grant,
+    create-if-absent (client.create), delete, revoke, without the owner check."""
+    from etcd3gw.client import Etcd3Client
+    engine = open_backend(server.url)
+    bare = Etcd3Client(host="127.0.0.1", port=server.client_ports[0], api_path="/v3/")
+
+    def ours():
+        assert engine.acquire("bench", "owner", 30).granted
+        assert engine.release("bench", "owner")
+
+    def raw():
+        lease = bare.lease(30)
+        assert bare.create("bench-raw", "owner", lease=lease)
+        bare.delete("bench-raw")
+        lease.revoke()
+    ours(), raw()
+    return timed_calls({"dlock acquire+release": ours, "etcd3gw lease+create+delete+revoke": raw}, rounds)
+
+
+def pg_ha_round_trips(single, pair, rounds):
+    """The same acquire+release on a single server and on a primary whose
+    every commit waits for its synchronous standby (what Patroni's
+    synchronous_mode_strict gives): the price of surviving a failover."""
+    engines = {"single server": open_backend(single.url()),
+               "primary + synchronous standby": open_backend(pair.primary.url())}
+
+    def cycle(engine):
+        def run():
+            assert engine.acquire("bench", "owner", 30).granted
+            assert engine.release("bench", "owner")
+        return run
+    contenders = dict((name, cycle(engine)) for name, engine in engines.items())
+    for run in contenders.values():
+        run()
+    return timed_calls(contenders, rounds)
+
+
+def runner_wall(url, driver, rounds, others=None):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "module_utils"))
     py = sys.executable
-    return timed_commands({
+    return timed_commands(dict({
         "dlock run -- true": [py, "-c", "from dlock.cli import main; raise SystemExit(main())", "run", "--job", "bench", "--backend", url, "--", "true"],
         "python -c 'import %s'" % driver: [py, "-c", "import " + driver],
         "python -I -c pass": [py, "-I", "-c", "pass"],
-    }, rounds, env)
+    }, **(others or {})), rounds, env)
 
 
 def ratio_rows(medians, base):
@@ -106,8 +149,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     redis_server, pg_server = servers.RedisServer(), servers.PostgresServer()
+    etcd_server, pg_pair = servers.EtcdServer(), servers.PostgresSyncPair()
     report = {"rounds": args.rounds, "python": sys.version.split()[0]}
     try:
+        etcdctl = ["etcdctl", "--endpoints", "127.0.0.1:%d" % etcd_server.client_ports[0], "lock", "bench-etcdctl",
+                   "true"]
+        report["runner_etcd"] = ratio_rows(runner_wall(etcd_server.url, "etcd3gw", args.rounds,
+                                                       {"etcdctl lock KEY true": etcdctl}), "python -c 'import etcd3gw'")
         report["runner_redis"] = ratio_rows(runner_wall(redis_server.url, "redis", args.rounds), "python -c 'import redis'")
         report["runner_postgresql"] = ratio_rows(runner_wall(pg_server.url(), "psycopg", args.rounds),
                                                  "python -c 'import psycopg'")
@@ -115,9 +163,15 @@ def main():
                                                 "redis-py SET NX PX + DEL")
         report["round_trip_postgresql"] = ratio_rows(pg_round_trips(pg_server, args.rounds * 20),
                                                      "psycopg upsert + update")
+        report["round_trip_etcd"] = ratio_rows(etcd_round_trips(etcd_server, args.rounds * 20),
+                                               "etcd3gw lease+create+delete+revoke")
+        report["round_trip_postgresql_ha"] = ratio_rows(pg_ha_round_trips(pg_server, pg_pair, args.rounds * 20),
+                                                        "single server")
     finally:
         redis_server.stop()
         pg_server.stop()
+        etcd_server.stop()
+        pg_pair.stop()
     for section, rows in report.items():
         if not isinstance(rows, dict):
             continue

@@ -194,8 +194,8 @@ def installed(release):
 def installed_env(installed, tmp_path):
     """Only the installed copy can be found: no build/ link, no checkout."""
     return galaxy_env(ANSIBLE_COLLECTIONS_PATH=installed, ANSIBLE_LOCALHOST_WARNING="false",
-                     ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-                     ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false")
+                      ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+                      ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false")
 
 
 def test_installed_collection_runs_the_module_and_runbooks(installed, redis_server, unique_key, tmp_path):
@@ -247,7 +247,7 @@ def test_execution_environment_gets_the_drivers(installed):
     data = yaml.safe_load(out.stdout.split("---", 1)[1])
     python = [line.split("#")[0].strip() for line in data["python"]]
     system = [line.split("#")[0].strip() for line in data["system"]]
-    assert python == ["redis>=4.3", "psycopg>=3.1"], out.stdout
+    assert python == ["redis>=4.3", "psycopg>=3.1", "etcd3gw>=2.0"], out.stdout
     assert system == ["libpq [platform:rpm]", "libpq5 [platform:dpkg]"], out.stdout
     assert all("from collection dlock.fleet" in line for line in data["python"] + data["system"])
 

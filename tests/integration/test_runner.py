@@ -8,27 +8,11 @@ import sys
 import time
 
 import pytest
-from runner_proc import last_log, run_dlock, start_dlock
+from runner_proc import last_log, lines, run_dlock, start_dlock, wait_for
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
 
 JOB = [sys.executable, os.path.join(os.path.dirname(__file__), "jobfixture.py")]
-
-
-def lines(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting for " + what)
 
 
 @pytest.fixture(params=["redis", "postgresql", "postgresql+advisory", "file"])

@@ -4,6 +4,7 @@ import os
 import sys
 
 import pytest
+from ansible_cli import ROOT, build_collection, install_collection
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -13,6 +14,22 @@ from lab import Lab  # noqa: E402
 # 10.77.0) survives a test run. Both can be overridden from the environment.
 TEST_PREFIX = os.environ.get("DLOCK_LAB_PREFIX", "dlkt")
 TEST_SUBNET = os.environ.get("DLOCK_LAB_SUBNET", "10.77.1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def installed_collection(tmp_path_factory):
+    """The lab runs the roles and playbooks from the built tarball, installed
+    into an empty collections path as a user would (rollout.py reads
+    DLOCK_COLLECTIONS_PATH), never from the checkout."""
+    base = tmp_path_factory.mktemp("collection")
+    path = install_collection(build_collection(ROOT, base / "dist"), base / "collections")
+    saved = os.environ.get("DLOCK_COLLECTIONS_PATH")
+    os.environ["DLOCK_COLLECTIONS_PATH"] = path
+    yield path
+    if saved is None:
+        del os.environ["DLOCK_COLLECTIONS_PATH"]
+    else:
+        os.environ["DLOCK_COLLECTIONS_PATH"] = saved
 
 
 @pytest.fixture(scope="session")

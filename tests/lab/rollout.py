@@ -22,21 +22,39 @@ from lab import Lab  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def collections_path():
+    """Where ansible finds dlock.fleet: the built tarball that the lab tests
+    install (DLOCK_COLLECTIONS_PATH, see conftest.py), else this checkout
+    through build/ (the demo, a developer's runs)."""
+    return os.environ.get("DLOCK_COLLECTIONS_PATH") or os.path.join(ROOT, "build")
+
+
+def collection_file(rel):
+    """REL (e.g. playbooks/site.yml) in the collection that ansible will use."""
+    return os.path.join(collections_path(), "ansible_collections", "dlock", "fleet", rel)
+
+
 def _env():
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "build"),
-               ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=collections_path(),
+               ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
+               # One SSH round trip per task instead of three: the lab logs in as
+               # root (no requiretty), as the molecule scenarios do.
+               ANSIBLE_PIPELINING="True")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     return env
 
 
 def ansible_playbook(lab, playbook, extra_vars, *args, check=True, capture=True):
     """ansible-playbook PLAYBOOK against the lab's inventory; extra vars go in a
-    temp file (never on the command line). Returns the CompletedProcess."""
+    temp file (never on the command line). A relative PLAYBOOK is one of the
+    collection's. Returns the CompletedProcess."""
+    if not os.path.isabs(playbook):
+        playbook = collection_file(playbook)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(extra_vars, handle)
         varfile = handle.name
     try:
-        done = subprocess.run(["ansible-playbook", "-i", lab.inventory, os.path.join(ROOT, playbook),
+        done = subprocess.run(["ansible-playbook", "-i", lab.inventory, playbook,
                                "-e", "@" + varfile] + list(args),
                               env=_env(), capture_output=capture, text=True, timeout=900, check=False)
     finally:
@@ -45,6 +63,11 @@ def ansible_playbook(lab, playbook, extra_vars, *args, check=True, capture=True)
         raise AssertionError("%s failed (%d):\n%s\n%s" % (playbook, done.returncode, (done.stdout or "")[-6000:],
                                                           (done.stderr or "")[-3000:]))
     return done
+
+
+def warnings(done):
+    """The [WARNING] lines of a finished ansible-playbook run."""
+    return [line for line in ((done.stdout or "") + (done.stderr or "")).splitlines() if "[WARNING]" in line]
 
 
 def clock_inventory(lab):
@@ -76,6 +99,26 @@ def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
     site_vars.update(extra_vars)
     return ansible_playbook(lab, "playbooks/site.yml", site_vars, "-i", clock_inventory(lab), *args,
                             check=check, capture=capture)
+
+
+JOBS_PLAY = """\
+- name: Install the dlock jobs
+  hosts: dlock_nodes
+  become: true
+  gather_facts: false
+  roles:
+    - role: dlock.fleet.dlock_jobs
+"""
+
+
+def jobs(lab, jobs_list, *args, check=True):
+    """Only the dlock_jobs role on the job nodes, as an operator adds or
+    removes a job on a fleet that site.yml already rolled out: seconds,
+    where a whole site.yml takes minutes."""
+    playbook = os.path.join(lab.state_dir, "jobs.yml")
+    with open(playbook, "w") as handle:
+        handle.write(JOBS_PLAY)
+    return ansible_playbook(lab, playbook, {"dlock_jobs_list": jobs_list}, *args, check=check)
 
 
 def password_file(lab):

@@ -8,12 +8,14 @@ from .errors import ClockUnsafe
 
 
 def measure_offset(backend):
-    """(offset, rtt) in seconds; offset > 0 means the backend's clock is ahead."""
+    """(offset, rtt) in seconds; offset > 0 means the backend's clock is ahead.
+    A reading R seconds coarse (backend.clock_resolution) is as uncertain as
+    a round trip R seconds longer, so rtt includes it."""
     wall = time.time()
     start = time.monotonic()
     server = backend.server_time()
     rtt = time.monotonic() - start
-    return server - (wall + rtt / 2), rtt
+    return server - (wall + rtt / 2), rtt + backend.clock_resolution
 
 
 def check_offset(offset, rtt, max_skew):

@@ -9,7 +9,7 @@ import os
 
 from . import validate
 from .errors import ConfigError
-from .options import OPTION_NAMES, LockOptions
+from .options import OPTION_NAMES, LockOptions, check_backend_ttl
 from .safefile import MAX_SECRET_BYTES, read_regular, require_regular
 
 DEFAULT_CONFIG = "/etc/dlock/dlock.json"
@@ -117,9 +117,10 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     job_where = "job file %s" % settings.job_path
 
     if flags.get("backend"):
-        settings.backend_url = validate.backend_url(flags["backend"], "--backend").url
+        parts = validate.backend_url(flags["backend"], "--backend")
     else:
-        settings.backend_url = validate.backend_url(global_cfg.get("backend"), "backend (--backend or %s)" % where).url
+        parts = validate.backend_url(global_cfg.get("backend"), "backend (--backend or %s)" % where)
+    settings.backend_url = parts.url
     # A flag wins; then the systemd credential (how job units running as any
     # user get it); then the config's password_file (root at a terminal).
     credentials = os.environ.get("CREDENTIALS_DIRECTORY")
@@ -137,6 +138,7 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
 
     if job is None:
         settings.options = LockOptions.from_mapping(_options_of(defaults, {}, flags), where)
+        check_backend_ttl(settings.options.ttl, parts.scheme, "%s: ttl" % where)
         settings.key = validate.lock_key(flags["key"], "--key") if flags.get("key") else None
         return settings
 
@@ -147,6 +149,7 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     else:
         settings.key = validate.lock_key(job, "key (the job name)")
     settings.options = LockOptions.from_mapping(_options_of(defaults, job_cfg, flags), job_where)
+    check_backend_ttl(settings.options.ttl, parts.scheme, "%s: ttl" % job_where)
     if "description" in job_cfg:
         validate.text(job_cfg["description"], "%s: description" % job_where, allow_empty=True)
     settings.command = command or job_cfg.get("command")

@@ -26,6 +26,12 @@ DEFAULT_EXIT_CODES = {
 }
 
 MIN_TTL = 1.0
+# etcd counts a lease's TTL in whole seconds (the backend rounds ttl up, which
+# is safe: the lease then outlives the runner's deadline) and silently
+# lengthens any TTL below its minimum, 1.5 election timeouts (1.5s with
+# etcd's defaults): a ttl under 2s would promise a takeover after a crash
+# that etcd does not give.
+BACKEND_MIN_TTL = {"etcd": 2.0, "etcd+https": 2.0}
 # Bounds of each duration option: (minimum, must be above 0). Every one is at
 # most validate.MAX_DURATION (30 days).
 DURATION_BOUNDS = {
@@ -45,6 +51,16 @@ def clock_margin(ttl):
     """Slack for rate differences between our monotonic clock and the backend's
     clock, and for scheduling delay of the kill: 2% of the TTL, at least 100ms."""
     return max(0.1, ttl * 0.02)
+
+
+def check_backend_ttl(ttl, scheme, field="ttl"):
+    """A checked ttl (seconds) against the backend's own minimum, once both are known."""
+    minimum = BACKEND_MIN_TTL.get(scheme, MIN_TTL)
+    if ttl < minimum:
+        raise ConfigError("%s: %s is below the minimum of %s for %s:// (its leases last whole seconds, "
+                          "at least 1.5 election timeouts)" % (field, format_duration(ttl), format_duration(minimum),
+                                                               scheme))
+    return ttl
 
 
 def check_exit_codes(codes, field):

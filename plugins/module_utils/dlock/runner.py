@@ -32,7 +32,7 @@ def new_owner(prefix=None):
     return "%s:%d:%s" % (prefix or socket.gethostname(), os.getpid(), binascii.hexlify(os.urandom(12)).decode())
 
 
-def acquire(backend, key, owner, options, slot, sleep=time.sleep):
+def acquire(backend, key, owner, options, slot):
     """(grant, attempts, monotonic time the granting request was sent)."""
     give_up_at = time.monotonic() + (options.wait_timeout if options.on_contention == "wait" else 0)
     attempt = 0
@@ -45,7 +45,7 @@ def acquire(backend, key, owner, options, slot, sleep=time.sleep):
         remaining = give_up_at - time.monotonic()
         if remaining <= 0:
             return grant, attempt, sent
-        sleep(min(remaining, backoff_delay(attempt, backoff_cap(options.ttl))))
+        backend.wait_change(key, remaining, backoff_delay(attempt, backoff_cap(options.ttl)))
 
 
 class Runner(object):

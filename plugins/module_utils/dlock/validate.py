@@ -313,17 +313,30 @@ def host_or_network(value, field):
 
 
 # -- backend URLs -------------------------------------------------------------
-SCHEMES = ("redis", "rediss", "postgresql", "postgresql+advisory", "file")
-URL_HINT = "redis://, rediss://, postgresql://, postgresql+advisory:// or file://"
+SCHEMES = ("redis", "rediss", "postgresql", "postgresql+advisory", "etcd", "etcd+https", "file")
+URL_HINT = "redis://, rediss://, postgresql://, postgresql+advisory://, etcd://, etcd+https:// or file://"
+# Schemes whose URL may name several hosts (host1:port,host2:port): libpq
+# tries them in turn, and the etcd backend tries the next member when one is down.
+MULTI_HOST_SCHEMES = ("postgresql", "postgresql+advisory", "etcd", "etcd+https")
 # Query parameters a URL may carry. Redis takes none: redis-py lets them
 # override our timeouts and TLS checks. libpq's are limited to these.
 PG_PARAMS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl", "target_session_attrs",
              "application_name", "channel_binding", "gssencmode", "passfile")
+# etcd+https:// may name a TLS client certificate and its key (absolute paths,
+# both or neither); the CA comes from ca_file as for every backend.
+ETCD_PARAMS = ("cert", "key")
+QUERY_PARAMS = {"postgresql": PG_PARAMS, "postgresql+advisory": PG_PARAMS, "etcd": (), "etcd+https": ETCD_PARAMS}
+# The etcd key prefix (the URL's path) every lock key goes under: an etcd
+# role's permission covers it. Plain path segments, no trailing slash.
+ETCD_PREFIX = re.compile(r"(?:/[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}){1,8}")
+ETCD_DEFAULT_PREFIX = "/dlock"
 _SECRET_PARAM = re.compile(r"(?i)(?:^|[?&;])[a-z_]*pass(?:word|wd)?[a-z_]*=")
 
 
 class BackendURL(object):
-    """A checked backend URL: scheme, [(host, port)], path, query, user."""
+    """A checked backend URL: scheme, [(host, port)], path, query, user.
+    path is the database (postgresql, without the /), the key prefix (etcd,
+    /dlock when the URL has none) or the directory (file)."""
 
     def __init__(self, url, scheme, user, hosts, path_, query):
         self.url = url
@@ -396,8 +409,9 @@ def backend_url(url, field="backend"):
                     "letters, digits and _ . -")
     hosts = []
     entries = hostpart.split(",")
-    if len(entries) > 1 and not scheme.startswith("postgresql"):
-        raise ConfigError("%s: %s names several hosts; only postgresql:// takes a list" % (field, shown_url))
+    if len(entries) > 1 and scheme not in MULTI_HOST_SCHEMES:
+        raise ConfigError("%s: %s names several hosts; only postgresql:// and etcd:// take a list"
+                          % (field, shown_url))
     for entry in entries:
         hosts.append(_host_port(entry, "%s: host" % field, shown_url))
     params = _query(query, scheme, field)
@@ -406,6 +420,14 @@ def backend_url(url, field="backend"):
             raise ConfigError("%s: %s: the database must be a number (redis://host:port/0)" % (field, shown_url))
         if path_ not in ("", "/"):
             integer(path_[1:], "%s: database" % field, 0, 65535)
+    elif scheme.startswith("etcd"):
+        if path_ in ("", "/"):
+            path_ = ETCD_DEFAULT_PREFIX
+        if not ETCD_PREFIX.fullmatch(path_):
+            raise ConfigError("%s: %s: the key prefix must be a path such as /dlock (segments of letters, "
+                              "digits, _ . -; no trailing /)" % (field, shown_url))
+        _etcd_client_cert(params, field)
+        return BackendURL(url, scheme, user, hosts, path_, params)
     else:
         if not re.fullmatch(r"/[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}", path_):
             raise ConfigError("%s: %s: name the database (postgresql://user@host/DATABASE; "
@@ -445,17 +467,36 @@ def _query(query, scheme, field):
     if scheme in ("redis", "rediss"):
         raise ConfigError("%s: redis URLs take no query parameters (they would override the runner's "
                           "timeouts and TLS checks); use --ca-file for TLS" % field)
+    allowed = QUERY_PARAMS[scheme]
+    if not allowed:
+        raise ConfigError("%s: %s:// URLs take no query parameters (a TLS client certificate needs "
+                          "etcd+https://)" % (field, scheme))
     params = {}
     for part in re.split(r"&", query):
         name, eq, value = part.partition("=")
-        if name not in PG_PARAMS:
+        if name not in allowed:
             raise ConfigError("%s: query parameter %s is not allowed (allowed: %s)"
-                              % (field, shown(name), ", ".join(PG_PARAMS)))
+                              % (field, shown(name), ", ".join(allowed)))
         if name in params:
             raise ConfigError("%s: query parameter %s is given twice" % (field, name))
         params[name] = text(value, "%s: %s" % (field, name), 1024, re.compile(r"[A-Za-z0-9_./:,-]+"),
                             "letters, digits and _ . / : , -")
+    # A lock needs a server that takes writes: the engine always connects
+    # with target_session_attrs=read-write (a multi-host URL then lands on the
+    # primary), so a URL asking for anything else is refused, not overridden.
+    if params.get("target_session_attrs", "read-write") != "read-write":
+        raise ConfigError("%s: target_session_attrs=%s: dlock only uses a read-write server "
+                          "(target_session_attrs=read-write, the default)" % (field, params["target_session_attrs"]))
     return params
+
+
+def _etcd_client_cert(params, field):
+    """cert and key of etcd+https://: absolute normalised paths, both or neither."""
+    for name in ETCD_PARAMS:
+        if name in params:
+            path(params[name], "%s: %s" % (field, name))
+    if len(params) == 1:
+        raise ConfigError("%s: a TLS client certificate needs both cert= and key=" % field)
 
 
 # -- JSON ---------------------------------------------------------------------

@@ -27,5 +27,8 @@ def open_backend(url, password=None, op_timeout=2.0, ca_file=None):
         from .pg_advisory import PgAdvisoryBackend
         return PgAdvisoryBackend("postgresql" + url[len(scheme):], password=password,
                                  op_timeout=op_timeout, ca_file=ca_file)
+    if scheme in ("etcd", "etcd+https"):
+        from .etcd_lease import EtcdBackend
+        return EtcdBackend(url, password=password, op_timeout=op_timeout, ca_file=ca_file)
     from .file_lock import FileBackend
     return FileBackend(unquote(parts.path))

@@ -1,6 +1,7 @@
 """What every backend offers, and the values it returns."""
 
 import math
+import time
 
 from .. import validate
 from ..errors import ConfigError
@@ -89,9 +90,19 @@ class Backend(object):
     # True when renew() can still succeed after a connection error (server-side
     # lease); False when the lock lives in the session (advisory, flock).
     lease_survives_reconnect = True
+    # How coarse server_time() is, in seconds: the clock check counts it as
+    # uncertainty like the round trip (etcd's clock is an HTTP Date header).
+    clock_resolution = 0.0
 
     def server_time(self):
         raise NotImplementedError
+
+    def wait_change(self, key, timeout, poll):
+        """Wait, at most `timeout` seconds, until `key` may have been released.
+        The default polls: it sleeps `poll` seconds (the caller's backoff with
+        jitter) and lets the caller ask again. A backend that is told about
+        changes (etcd's watch) waits for the release itself instead."""
+        time.sleep(min(timeout, poll))
 
     def acquire(self, key, owner, ttl, slot=None):
         raise NotImplementedError

@@ -4,6 +4,14 @@ The lock dies with the session: there is no server-side TTL, so a lost
 connection means a lost lock (renew() then says False and the runner fences
 at once). PgBouncer in transaction pooling breaks it: connect directly. The
 lease table still carries the fence, the holder and the last run.
+
+It does not survive a failover. An advisory lock lives in one server's memory
+and is never replicated: a standby promoted in place of the primary knows
+nothing of it, so a runner connecting there takes the same key at once, while
+the old holder only notices its lost session at its next heartbeat (up to
+renew_every + op_timeout, then kill_grace): two jobs can overlap. On a
+replicated cluster (Patroni) use postgresql://, the lease table, whose grants
+count only once a synchronous standby has them.
 """
 
 import hashlib
@@ -57,7 +65,8 @@ class PgAdvisoryBackend(PgBackend):
                 return self._refusal(conn, key, slot, refused.status)
             self._lock_conn = conn
             return Grant("granted", fence=fence)
-        return self._run(grant)
+        # A grant not counted (CommitUnknown) has dropped the connection, and the lock with it.
+        return self._grant(grant, key, owner, slot)
 
     def _holding(self):
         """The connection that holds our lock, or None once it is gone."""
@@ -86,7 +95,7 @@ class PgAdvisoryBackend(PgBackend):
             released = self._release_row(conn, key, owner, min_hold, last)
             conn.execute("SELECT pg_advisory_unlock(%s)", (lock_id(key),))
             return released
-        return self._run(release)
+        return self._run(release, write=True)
 
     def force_release(self, key):
         def force(conn):
@@ -98,7 +107,7 @@ class PgAdvisoryBackend(PgBackend):
                     raise BackendError("postgresql: could not end session %d holding %s" % (pid, key))
             conn.execute(FORCE_RELEASE, (key,))
             return holder
-        return self._run(force)
+        return self._run(force, write=True)
 
     def _query(self, conn, key):
         holder = PgBackend._query(self, conn, key)

@@ -3,13 +3,20 @@
 Connections are autocommit, never use server-side prepared statements (so they
 work through PgBouncer in transaction mode) and carry TCP keepalives and a TCP
 user timeout, so a dead peer is noticed in seconds rather than hours.
+
+High availability (Patroni, synchronous replication): the URL may list several
+hosts; they are tried in order and only a read-write server is accepted
+(target_session_attrs=read-write, always), so a failover is a reconnect. A
+write counts only when its commit is known to be synchronously replicated
+(see CommitUnknown).
 """
 
 import json
 import math
 
-from ..errors import AuthError, BackendError, MissingDriver
+from ..errors import AuthError, BackendError, DlockError, MissingDriver
 from ..validate import MAX_DURATION
+from ..watchdog import Watchdog
 from .base import Backend, Grant, Holder, lease_ms
 
 try:
@@ -88,11 +95,38 @@ UPDATE dlock_lease
 RETURNING 1
 """
 
+UNDO_SLOT = "DELETE FROM dlock_slot WHERE key = %s AND slot = %s AND owner = %s"
+
 FORCE_RELEASE = """
 UPDATE dlock_lease SET owner = NULL, expires_at = clock_timestamp()
  WHERE key = %s AND owner IS NOT NULL
 RETURNING 1
 """
+
+
+class CommitUnknown(BackendError):
+    """A write may be committed on the primary without being synchronously
+    replicated, or may not be committed at all: it cannot be counted."""
+
+
+def _commit_warning(notices):
+    """The server's words when a write's commit was acknowledged without the
+    synchronous standby's confirmation, else None.
+
+    When the wait for the standby is cancelled (our op_timeout cancel request,
+    or pg_terminate_backend), PostgreSQL acknowledges the commit with a WARNING
+    "canceling wait for synchronous replication due to user request" / "The
+    transaction has already committed locally, but might not have been
+    replicated to the standby." (src/backend/replication/syncrep.c). It has no
+    SQLSTATE of its own (the generic 01000; 57P01 when terminated) and its text
+    follows lc_messages, which only a superuser may set. So the text is never
+    matched: any WARNING during a write means the write is not vouched for.
+    The writes (lease upsert, slot claim, renew, release) raise no other
+    warning, so this only ever fails closed."""
+    for severity, message, detail in notices:
+        if severity == "WARNING":
+            return "%s (%s)" % (message, detail) if detail else message
+    return None
 
 
 class Refused(Exception):
@@ -119,6 +153,9 @@ class PgBackend(Backend):
         self.ca_file = ca_file
         self._conn = None
         self._schema_ready = False
+        # (severity, message, detail) of the notices of the current operation
+        self._notices = []
+        self._watchdog = Watchdog("dlock-pg-cancel")
 
     # -- connection -------------------------------------------------------
     def _connect(self):
@@ -130,13 +167,18 @@ class PgBackend(Backend):
             connect_timeout=max(2, int(math.ceil(self.op_timeout))),
             keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
             tcp_user_timeout=_ms(self.op_timeout),
+            # A lock is only ever taken on a server that takes writes: with
+            # several hosts (h1,h2,h3) they are tried in order and a standby
+            # is passed over; with one, a standby is an error, not a lock.
+            # This overrides the URL, which validate.py limits to read-write.
+            target_session_attrs="read-write",
         )
         if self.password is not None:
             kwargs["password"] = self.password
         if self.ca_file:
             kwargs["sslrootcert"] = self.ca_file
         try:
-            return psycopg.connect(self.url, **kwargs)
+            conn = psycopg.connect(self.url, **kwargs)
         except psycopg.OperationalError as exc:
             text = str(exc).strip()
             if "password authentication failed" in text or "no password supplied" in text:
@@ -144,13 +186,20 @@ class PgBackend(Backend):
             raise BackendError("postgresql: cannot connect (%s)" % (text.splitlines()[0] if text else exc))
         except psycopg.Error as exc:
             raise BackendError("postgresql: %s" % exc)
+        conn.add_notice_handler(self._on_notice)
+        try:
+            # A client_min_messages set for the role or the database above
+            # WARNING would hide an unreplicated commit from us.
+            conn.execute("SET client_min_messages = warning")
+        except psycopg.Error as exc:
+            conn.close()
+            raise BackendError("postgresql: %s" % (str(exc).strip() or exc.__class__.__name__))
+        return conn
 
     @property
     def conn(self):
         if self._conn is None or self._conn.closed:
             self._conn = self._connect()
-            if not self._schema_ready:
-                self._ensure_schema(self._conn)
         return self._conn
 
     def _ensure_schema(self, conn):
@@ -168,16 +217,65 @@ class PgBackend(Backend):
                                "create them with the dlock_postgresql role" % str(exc).strip())
         self._schema_ready = True
 
-    def _run(self, fn):
-        """Run fn(conn) and turn driver errors into BackendError; a broken
-        connection is dropped so the next call reconnects."""
+    def _on_notice(self, diag):
+        # Copied out: the Diagnostic is only valid during the callback.
+        self._notices.append((diag.severity_nonlocalized, diag.message_primary, diag.message_detail))
+
+    def _cancel(self, conn):
+        """Ask the server to cancel what conn is running (the op_timeout)."""
         try:
-            return fn(self.conn)
+            if hasattr(conn, "cancel_safe"):  # psycopg >= 3.2: bounded, non-blocking with libpq >= 17
+                conn.cancel_safe(timeout=self.op_timeout)
+            else:
+                conn.cancel()
+        except Exception:  # a closed connection, an unreachable server
+            pass  # nothing more to do here: TCP timeouts and the caller's deadline remain
+
+    def _bounded(self, conn, fn):
+        """fn(conn), with a cancel request sent if it runs past op_timeout.
+
+        op_timeout is enforced by a cancel request from the client, not by
+        statement_timeout: the server stops counting statement_timeout before
+        the commit, so it never ends a commit's wait for the synchronous
+        standby, which with a strict synchronous setup and no standby lasts
+        for ever. A cancel does end it: the commit is then acknowledged with
+        a warning (see _commit_warning)."""
+        self._watchdog.arm(self.op_timeout, lambda: self._cancel(conn))
+        del self._notices[:]
+        try:
+            if not self._schema_ready:  # a CREATE TABLE commits: under the op_timeout too
+                self._ensure_schema(conn)
+            return fn(conn)
+        finally:
+            fired = self._watchdog.disarm()
+            if fired:
+                self.reset()  # the cancel request may land on our next statement: start afresh
+
+    def _run(self, fn, write=False):
+        """Run fn(conn) within op_timeout and turn driver errors into
+        BackendError; a broken connection is dropped so the next call reconnects.
+        write=True: fn commits something that counts only once it is known to
+        be synchronously replicated; otherwise CommitUnknown is raised."""
+        try:
+            result = self._bounded(self.conn, fn)
+        except psycopg.errors.QueryCanceled:
+            # An ERROR, not the commit's warning: the statement and its transaction were rolled back.
+            self.reset()
+            raise BackendError("postgresql: no answer within op_timeout (%gs); cancelled" % self.op_timeout)
         except psycopg.OperationalError as exc:
             self.reset()
-            raise BackendError("postgresql: %s" % (str(exc).strip() or exc.__class__.__name__))
+            text = str(exc).strip() or exc.__class__.__name__
+            if write:  # the connection was lost before or after the commit: nobody can tell
+                raise CommitUnknown("postgresql: the outcome of the write is unknown: %s" % text)
+            raise BackendError("postgresql: %s" % text)
         except psycopg.Error as exc:
             raise BackendError("postgresql: %s" % str(exc).strip())
+        warning = _commit_warning(self._notices) if write else None
+        if warning:
+            self.reset()
+            raise CommitUnknown("postgresql: the commit is not known to be replicated to a synchronous standby: %s"
+                                % warning)
+        return result
 
     def reset(self):
         conn, self._conn = self._conn, None
@@ -189,6 +287,42 @@ class PgBackend(Backend):
 
     def close(self):
         self.reset()
+
+    # -- grants ---------------------------------------------------------------
+    def _grant(self, grant, key, owner, slot):
+        """Run grant(conn), the transaction that takes the lease. A grant whose
+        commit cannot be counted (CommitUnknown) is no grant: it is undone as
+        far as possible and raised as a BackendError, so the runner fails
+        closed (exit 75, the job never starts) and says why; a refusal would
+        pass for "another owner holds the lock"."""
+        try:
+            return self._run(grant, write=True)
+        except CommitUnknown as exc:
+            raise CommitUnknown("%s; the grant is not counted and %s" % (exc, self._undo_grant(key, owner, slot)))
+
+    def _undo_grant(self, key, owner, slot):
+        """Best-effort release of a grant we do not count; says what became of it.
+
+        Safe because it is owner-checked: it frees only a lease row and a slot
+        marker that carry our own random owner token, under which no job runs.
+        Without it, the row committed on the primary would block every other
+        runner until its TTL. It commits with synchronous_commit = local (this
+        transaction only) so it does not wait in turn for the missing standby:
+        freeing needs no replication to be safe, since whoever takes the lease
+        next must get its own grant replicated. If this release fails, or a
+        failover loses it, the lease still ends at its TTL."""
+        def undo(conn):
+            with conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit = local")
+                released = self._release_row(conn, key, owner, 0.0, None)
+                if slot is not None:
+                    released = conn.execute(UNDO_SLOT, (key, slot.number, owner)).rowcount > 0 or released
+            return released
+        try:
+            released = self._run(undo)
+        except DlockError as exc:
+            return "releasing it failed (%s): the lease ends at its TTL" % exc
+        return "what it wrote was released" if released else "nothing of it was left to release"
 
     # -- shared queries -----------------------------------------------------
     def server_time(self):

@@ -25,7 +25,7 @@ class PgLeaseBackend(PgBackend):
             except Refused as refused:
                 return self._refusal(conn, key, slot, refused.status)
             return Grant("granted", fence=fence)
-        return self._run(grant)
+        return self._grant(grant, key, owner, slot)
 
     def renew(self, key, owner, ttl):
         def renew(conn):
@@ -34,10 +34,12 @@ class PgLeaseBackend(PgBackend):
                 "UPDATE dlock_lease SET expires_at = clock_timestamp() + %s * interval '1 millisecond' "
                 "WHERE key = %s AND owner = %s AND expires_at > clock_timestamp() RETURNING 1",
                 (lease_ms(ttl), key, owner)).fetchone() is not None
-        return self._run(renew)
+        # A renewal not known to be replicated fails (CommitUnknown, a
+        # BackendError): the heartbeat retries until its deadline, then fences.
+        return self._run(renew, write=True)
 
     def release(self, key, owner, min_hold=0.0, last=None):
-        return self._run(lambda conn: self._release_row(conn, key, owner, min_hold, last))
+        return self._run(lambda conn: self._release_row(conn, key, owner, min_hold, last), write=True)
 
     def force_release(self, key):
         def force(conn):
@@ -46,4 +48,4 @@ class PgLeaseBackend(PgBackend):
                 holder = self._query(conn, key)
                 conn.execute(FORCE_RELEASE, (key,))
             return holder
-        return self._run(force)
+        return self._run(force, write=True)

@@ -1,13 +1,21 @@
-"""Verify the runner and jobs roles on the lab nodes (pytest-testinfra)."""
+"""The runner and jobs roles on the job nodes: files and modes, units clean
+under systemd-analyze verify, timers enabled, a removed job leaves nothing,
+a job runs under its unit (pytest-testinfra)."""
 
 import json
+import os
+import sys
 
 import pytest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+
+from fleet_checks import JOB, address, backend_name, secret  # noqa: E402
+
 testinfra_hosts = ["ansible://dlock_nodes"]
 
-UNITS = ("dlock-sample-report.service", "dlock-sample-report.timer",
-         "dlock-shell-line.service", "dlock-shell-line.timer")
+TIMERS = ("dlock-%s.timer" % JOB, "dlock-shell-line.timer")
+UNITS = ("dlock-%s.service" % JOB, "dlock-shell-line.service") + TIMERS
 
 
 def test_runner_installed(host):
@@ -22,14 +30,15 @@ def test_config_files_and_modes(host):
     config = host.file("/etc/dlock/dlock.json")
     assert (config.mode, config.user, config.group) == (0o640, "root", "dlock")
     settings = json.loads(config.content_string)
-    assert settings["backend"] == "redis://dlock@10.77.2.10:6379/0"
-    assert "molecule-lab-password" not in config.content_string
+    backend = host.get_host("ansible://%s" % backend_name(host), ansible_inventory=os.environ["MOLECULE_INVENTORY_FILE"])
+    assert settings["backend"] == "redis://dlock@%s:6379/0" % address(backend)
+    assert secret("backend.password") not in config.content_string
     assert settings["password_file"] == "/etc/dlock/backend.password"
-    secret = host.file("/etc/dlock/backend.password")
-    assert (secret.mode, secret.user) == (0o600, "root")
-    job = host.file("/etc/dlock/jobs/sample-report.json")
+    password = host.file("/etc/dlock/backend.password")
+    assert (password.mode, password.user) == (0o600, "root")
+    job = host.file("/etc/dlock/jobs/%s.json" % JOB)
     assert (job.mode, job.group) == (0o640, "dlock")
-    assert json.loads(job.content_string)["command"] == ["/bin/echo", "report"]
+    assert json.loads(job.content_string)["command"] == ["/bin/sleep", "1"]
     shell = json.loads(host.file("/etc/dlock/jobs/shell-line.json").content_string)
     assert shell["command"][:2] == ["/bin/sh", "-c"]
 
@@ -43,15 +52,15 @@ def test_units_verify_clean(host, unit):
 
 
 def test_service_unit_runs_the_job_file_not_a_shell(host):
-    unit = host.file("/etc/systemd/system/dlock-sample-report.service").content_string
-    assert "ExecStart=/usr/local/bin/dlock run --job sample-report\n" in unit
+    unit = host.file("/etc/systemd/system/dlock-%s.service" % JOB).content_string
+    assert "ExecStart=/usr/local/bin/dlock run --job %s\n" % JOB in unit
     assert "SuccessExitStatus=73 74" in unit
     assert "ProtectSystem=strict" in unit and "NoNewPrivileges=yes" in unit
     assert "LoadCredential=dlock-backend:/etc/dlock/backend.password" in unit
     assert "ProtectSystem" not in host.file("/etc/systemd/system/dlock-shell-line.service").content_string
 
 
-@pytest.mark.parametrize("timer", ["dlock-sample-report.timer", "dlock-shell-line.timer"])
+@pytest.mark.parametrize("timer", TIMERS)
 def test_timers_enabled_and_listed(host, timer):
     assert host.service(timer).is_enabled
     assert host.service(timer).is_running
@@ -65,8 +74,8 @@ def test_removed_job_leaves_nothing(host):
 
 
 def test_job_runs_under_its_unit(host):
-    out = host.run("systemctl start dlock-sample-report.service")
+    out = host.run("systemctl start dlock-%s.service" % JOB)
     assert out.rc == 0, out.stderr
-    log = host.check_output("journalctl -u dlock-sample-report.service -o cat --no-pager | grep '^{' | tail -1")
+    log = host.check_output("journalctl -u dlock-%s.service -o cat --no-pager | grep '^{' | tail -1" % JOB)
     record = json.loads(log)
     assert record["result"] in ("success", "skipped_duplicate", "skipped_locked")

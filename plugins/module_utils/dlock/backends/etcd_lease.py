@@ -1,0 +1,447 @@
+"""etcd v3 lease: the lock is a key attached to an etcd lease (a server-side
+TTL), created by one transaction that compares its create_revision with 0.
+
+Keys, under the URL's prefix P (default /dlock; an etcd role with a
+readwrite permission on the prefix P/ suffices):
+  P/KEY/lock    JSON {owner, acquired_at}, attached to the holder's lease
+  P/KEY/fence   empty, written in every grant: its mod_revision is the last fence
+  P/KEY/slot/N  once-per marker of slot N (the owner), with its own lease
+  P/KEY/last    JSON of the last finished run
+Lock keys cannot hold '/', so no key's names reach into another key's.
+
+Fencing token: the lock key's create_revision, the store's revision of the
+grant. etcd's revision only grows (across grants, leader changes and
+restarts: it is in the data directory), so each grant's is greater than
+every earlier one's.
+
+The driver is etcd3gw (python3-etcd3gw on Debian 12), which talks to etcd's
+gRPC gateway (JSON over HTTP, /v3/; keys, values and 64-bit numbers are
+base64 or strings in JSON). We use its client for each member's URL and its
+requests session (TLS: CA, client certificate), and send the requests
+through that session ourselves, because etcd3gw cannot:
+- bound a call: etcd3gw 2.0 (Debian 12) puts its timeout on the session,
+  where requests ignores it, and 2.7's post() refuses a per-call one; we need
+  op_timeout per call, shared across the members we try;
+- send the auth token, report which member failed, or return headers (the
+  Date header is our only reading of the server's clock);
+- watch with a timeout (its watch runs in a thread pool that nothing stops).
+"""
+
+import base64
+import calendar
+import email.utils
+import json
+import math
+import time
+
+from ..errors import AuthError, BackendError, ConfigError, MissingDriver
+from ..options import BACKEND_MIN_TTL
+from ..safefile import require_regular
+from ..validate import MAX_DURATION, backend_url
+from .base import Backend, Grant, Holder, lease_ms
+
+try:
+    import requests
+    from etcd3gw.client import Etcd3Client
+except ImportError:
+    Etcd3Client = None
+
+DEFAULT_PORT = 2379
+
+
+def _b64(text):
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def _unb64(data):
+    return base64.b64decode(data or "").decode("utf-8")
+
+
+def _seconds(ttl, field, minimum):
+    """A lease TTL for etcd: whole seconds, rounded up (a longer lease is
+    safe: the runner kills its job by its own, shorter, deadline)."""
+    return int(math.ceil(lease_ms(ttl, field, minimum, 1.5 * MAX_DURATION) / 1000.0))
+
+
+class _KV(object):
+    """One key as the gateway returns it."""
+
+    def __init__(self, item):
+        self.value = _unb64(item.get("value"))
+        self.lease = int(item.get("lease", 0))
+        self.create_revision = int(item.get("create_revision", 0))
+        self.mod_revision = int(item.get("mod_revision", 0))
+
+    def record(self):
+        """The JSON a lock or last key holds; {} when it is not ours to read."""
+        try:
+            value = json.loads(self.value)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+def _first_kv(response):
+    """The key of a range answer inside a transaction, or None."""
+    kvs = response.get("response_range", {}).get("kvs") or []
+    return _KV(kvs[0]) if kvs else None
+
+
+class _Unavailable(Exception):
+    """This member did not answer (or cannot serve): try the next one."""
+
+
+class EtcdBackend(Backend):
+    name = "etcd"
+
+    def __init__(self, url, password=None, op_timeout=2.0, ca_file=None):
+        if Etcd3Client is None:
+            raise MissingDriver("etcd3gw", "python3-etcd3gw", "etcd://")
+        parts = backend_url(url)
+        self.prefix = parts.path
+        self.user = parts.user
+        self.password = password
+        if password is not None and not self.user:
+            raise ConfigError("backend: etcd has no default user: name the user in the URL "
+                              "(etcd://USER@host:2379,...) to log in with a password")
+        self.op_timeout = op_timeout
+        self.protocol = "https" if parts.scheme == "etcd+https" else "http"
+        self.ca_file = ca_file
+        # Files the driver opens itself must be regular files (a FIFO would
+        # block it beyond any timeout of ours).
+        self.cert = parts.query.get("cert")
+        self.key_file = parts.query.get("key")
+        if self.cert:
+            require_regular(self.cert, "TLS client certificate")
+            require_regular(self.key_file, "TLS client key")
+        self.min_ttl = BACKEND_MIN_TTL[parts.scheme]
+        self.endpoints = [(host, port or DEFAULT_PORT) for host, port in parts.hosts]
+        self._clients = None
+        self._current = 0  # the member that answered last is asked first
+        self._token = None
+        self._leases = {}  # (key, owner) -> the lease id of our grant, for renew
+        self._seen = {}  # key -> revision at which we last saw it held, for wait_change
+
+    # -- transport --------------------------------------------------------------
+    def _members(self):
+        if self._clients is None:
+            self._clients = [Etcd3Client(host=host, port=port, protocol=self.protocol, ca_cert=self.ca_file,
+                                         cert_cert=self.cert, cert_key=self.key_file, api_path="/v3/")
+                             for host, port in self.endpoints]
+        return self._clients
+
+    def _ordered(self):
+        """Each member once, starting with the one that answered last."""
+        clients = self._members()
+        start = self._current
+        return [(i % len(clients), clients[i % len(clients)]) for i in range(start, start + len(clients))]
+
+    def _post(self, path, payload, stream=False, read_timeout=None):
+        """POST to the gateway on the first member that answers, within
+        op_timeout for all the members tried. Returns the response (JSON
+        read unless `stream`). An unreachable member, or one that cannot
+        serve (503: no leader, partitioned), is not an outage while another
+        answers. Each try gets an equal share of what is left, so one member
+        that accepts connections but never answers (a frozen process) cannot
+        use up the whole budget."""
+        deadline = time.monotonic() + self.op_timeout
+        tried = self._ordered()
+        errors = []
+        for number, (index, client) in enumerate(tried):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            share = left / (len(tried) - number)
+            try:
+                response = self._post_to(client, path, payload, share, stream, read_timeout)
+            except _Unavailable as exc:
+                errors.append("%s:%s: %s" % (client.host, client.port, exc))
+                continue
+            self._current = index
+            return response
+        raise BackendError("etcd: no member answered within op_timeout (%.3gs): %s"
+                           % (self.op_timeout, "; ".join(errors) or "no time left"))
+
+    def _post_to(self, client, path, payload, timeout, stream, read_timeout):
+        for attempt in (1, 2):
+            headers = {"Authorization": self._login(client, timeout)} if self.password is not None else {}
+            try:
+                response = client.session.post(client.get_url(path), json=payload, headers=headers, stream=stream,
+                                               timeout=(timeout, read_timeout or timeout))
+            except requests.RequestException as exc:
+                raise _Unavailable(exc.__class__.__name__ if isinstance(exc, requests.Timeout) else exc)
+            if response.status_code == 200:
+                return response if stream else response.json()
+            error = _error_text(response)
+            response.close()
+            if response.status_code == 401 and self.password is not None and attempt == 1:
+                self._token = None  # expired (simple tokens live 5 minutes unused) or revoked: log in again
+                continue
+            if response.status_code in (401, 403) or "authentication failed" in error:
+                raise AuthError("etcd: %s (user %s)" % (error, self.user))
+            if "user name is empty" in error:
+                raise AuthError("etcd: the server has auth enabled: name the user in the URL "
+                                "(etcd://USER@host:2379,...) and give its password file")
+            if response.status_code == 503:
+                raise _Unavailable(error)
+            raise BackendError("etcd: %s" % error)
+        raise AuthError("etcd: the server refused a fresh token (user %s)" % self.user)
+
+    def _login(self, client, timeout):
+        """The auth token (gateway /v3/auth/authenticate), fetched once."""
+        if self._token is None:
+            try:
+                response = client.session.post(client.get_url("/auth/authenticate"),
+                                               json={"name": self.user, "password": self.password},
+                                               timeout=(timeout, timeout))
+            except requests.RequestException as exc:
+                raise _Unavailable(exc)
+            if response.status_code != 200:
+                error = _error_text(response)
+                if response.status_code == 503:
+                    raise _Unavailable(error)
+                # Never the password: the error is the server's text.
+                raise AuthError("etcd: cannot log in as %s: %s" % (self.user, error))
+            self._token = response.json()["token"]
+        return self._token
+
+    def _txn(self, compare, success, failure):
+        return self._post("/kv/txn", {"compare": compare, "success": success, "failure": failure})
+
+    def _grant_lease(self, seconds):
+        answer = self._post("/lease/grant", {"TTL": seconds})
+        if answer.get("error"):
+            raise BackendError("etcd: cannot grant a lease: %s" % answer["error"])
+        return int(answer["ID"])
+
+    def _revoke(self, lease):
+        """Revoke a lease we no longer need; if that fails it expires by itself."""
+        try:
+            self._post("/lease/revoke", {"ID": lease})
+        except BackendError:
+            pass
+
+    def _lease_ttl(self, lease):
+        """Seconds left on a lease (etcd rounds to whole seconds); None when it is gone."""
+        ttl = int(self._post("/lease/timetolive", {"ID": lease}).get("TTL", -1))
+        return ttl if ttl >= 0 else None
+
+    def _get(self, name):
+        kvs = self._post("/kv/range", {"key": _b64(name)}).get("kvs") or []
+        return _KV(kvs[0]) if kvs else None
+
+    def _names(self, key):
+        base = "%s/%s/" % (self.prefix, key)
+        return base + "lock", base + "fence", base + "last"
+
+    # -- the Backend contract ---------------------------------------------------
+    def server_time(self):
+        """The member's wall clock, from the HTTP Date header of an answer:
+        etcd's API has no clock (its response header holds none), and the
+        Date header has whole seconds, so this is the middle of that second
+        and clock_resolution tells the check it is 1s coarse."""
+        response = self._post("/maintenance/status", {}, stream=True)
+        try:
+            date = email.utils.parsedate(response.headers.get("Date", ""))
+        finally:
+            response.close()
+        if date is None:
+            raise BackendError("etcd: the answer had no Date header to read the server's clock from")
+        return calendar.timegm(date) + 0.5
+
+    clock_resolution = 1.0
+
+    def acquire(self, key, owner, ttl, slot=None):
+        lock, fence, _last = self._names(key)
+        lease = self._grant_lease(_seconds(ttl, "ttl", self.min_ttl))
+        value = json.dumps({"owner": owner, "acquired_at": time.time()}, sort_keys=True)
+        compare = [{"key": _b64(lock), "target": "CREATE", "result": "EQUAL", "create_revision": 0}]
+        success = [{"request_put": {"key": _b64(lock), "value": _b64(value), "lease": lease}},
+                   {"request_put": {"key": _b64(fence), "value": ""}}]
+        failure = [{"request_range": {"key": _b64(lock)}}]
+        marker_lease = None
+        if slot is not None:
+            marker = "%s/%s/slot/%d" % (self.prefix, key, slot.number)
+            marker_lease = self._grant_lease(_seconds(slot.marker_ttl, "once_per marker", 1.0))
+            compare.append({"key": _b64(marker), "target": "CREATE", "result": "EQUAL", "create_revision": 0})
+            success.append({"request_put": {"key": _b64(marker), "value": _b64(owner), "lease": marker_lease}})
+            failure.append({"request_range": {"key": _b64(marker)}})
+        try:
+            answer = self._txn(compare, success, failure)
+        except BackendError:
+            self._revoke(lease)
+            if marker_lease:
+                self._revoke(marker_lease)
+            raise
+        revision = int(answer["header"]["revision"])
+        if answer.get("succeeded"):
+            self._leases[(key, owner)] = lease
+            return Grant("granted", fence=revision)  # the lock key's create_revision
+        held = _first_kv(answer["responses"][0])
+        if held is not None and held.lease == lease:
+            # Our own grant, applied by a try whose answer was lost before
+            # another member was asked (a timeout is not a refusal).
+            self._leases[(key, owner)] = lease
+            return Grant("granted", fence=held.create_revision)
+        self._revoke(lease)
+        if marker_lease:
+            self._revoke(marker_lease)
+        self._seen[key] = revision
+        marker_kv = _first_kv(answer["responses"][1]) if slot is not None else None
+        if marker_kv is not None:
+            return Grant("duplicate", holder=Holder(key, owner=marker_kv.value))
+        if held is None:
+            raise BackendError("etcd: the grant of %s failed, yet neither the lock nor the slot is held" % key)
+        return Grant("locked", holder=self._holder(key, held))
+
+    def _holder(self, key, held, last=None, fence=0):
+        if held is None:
+            return Holder(key, fence=fence, last=last, server_time=time.time())
+        record = held.record()
+        return Holder(key, owner=record.get("owner"), fence=held.create_revision,
+                      acquired_at=record.get("acquired_at"), ttl_remaining=self._lease_ttl(held.lease),
+                      last=last, server_time=time.time())
+
+    def renew(self, key, owner, ttl):
+        """Keep our lease alive, then check the key is still ours and on that
+        lease (after the keep-alive: a key seen ours afterwards cannot go
+        before the renewed lease). etcd cannot change a lease's TTL: it must
+        already be at least ttl."""
+        lock = self._names(key)[0]
+        lease = self._leases.get((key, owner))
+        if lease is None:  # another process took it (the module's later task, the hold renewer)
+            held = self._get(lock)
+            if held is None or held.record().get("owner") != owner:
+                return False
+            lease = held.lease
+        answer = self._post("/lease/keepalive", {"ID": lease})
+        left = int(answer.get("result", {}).get("TTL", 0))
+        if left <= 0:
+            return False  # the lease expired or was revoked
+        held = self._get(lock)
+        if held is None or held.lease != lease or held.record().get("owner") != owner:
+            return False
+        if left < ttl:
+            raise BackendError("etcd: the lease of %s lasts %ds, less than ttl %gs (etcd cannot lengthen it)"
+                               % (key, left, ttl))
+        return True
+
+    def release(self, key, owner, min_hold=0.0, last=None):
+        """Owner-checked delete; record the last run; revoke our lease.
+
+        min_hold (lockAtLeastFor) keeps the key until acquired_at + min_hold,
+        never longer than its lease would have: the key is moved to a new
+        lease of the remaining seconds (rounded up) when that ends sooner
+        than its lease. Leaving the old lease to expire would hold the lock
+        up to a whole ttl after the job, not min_hold. acquired_at is the
+        acquiring node's clock (etcd has none), so min_hold is as exact as
+        the nodes' time sync: it is a schedule guarantee, not the exclusion."""
+        lock, _fence, last_name = self._names(key)
+        held = self._get(lock)
+        if held is None or held.record().get("owner") != owner:
+            return False
+        keep = (held.record().get("acquired_at") or 0) + lease_ms(min_hold, "min_hold", 0.0) / 1000.0 - time.time()
+        success, short = [], None
+        if last:
+            success.append({"request_put": {"key": _b64(last_name), "value": _b64(json.dumps(last, sort_keys=True))}})
+        if keep <= 0:
+            success.append({"request_delete_range": {"key": _b64(lock)}})
+        else:
+            left = self._lease_ttl(held.lease)
+            if left is not None and math.ceil(keep) < left:
+                short = self._grant_lease(int(math.ceil(keep)))
+                success.append({"request_put": {"key": _b64(lock), "ignore_value": True, "lease": short}})
+        # mod_revision: the key is still the one we read (owner and lease).
+        compare = [{"key": _b64(lock), "target": "MOD", "result": "EQUAL", "mod_revision": held.mod_revision}]
+        answer = self._txn(compare, success, [])
+        self._leases.pop((key, owner), None)
+        if not answer.get("succeeded"):
+            if short:
+                self._revoke(short)
+            return False
+        if keep <= 0 or short:
+            self._revoke(held.lease)
+        return True
+
+    def force_release(self, key):
+        """Delete the lock key and revoke its lease, so the holder's next
+        renew says False at once."""
+        lock = self._names(key)[0]
+        before = self.query(key)
+        held = self._get(lock)
+        if held is None:
+            before.owner = None
+            return before
+        compare = [{"key": _b64(lock), "target": "MOD", "result": "EQUAL", "mod_revision": held.mod_revision}]
+        answer = self._txn(compare, [{"request_delete_range": {"key": _b64(lock)}}], [])
+        if not answer.get("succeeded"):
+            raise BackendError("etcd: %s changed while it was being broken; try again" % key)
+        self._revoke(held.lease)
+        # Report the holder we actually removed (it may have changed since the query).
+        before.owner = held.record().get("owner")
+        before.fence = held.create_revision
+        return before
+
+    def query(self, key):
+        lock, fence, last_name = self._names(key)
+        # One read-only transaction: the three keys at one revision.
+        answer = self._txn([], [{"request_range": {"key": _b64(name)}} for name in (lock, fence, last_name)], [])
+        held, fence_kv, last_kv = (_first_kv(response) for response in answer["responses"])
+        last = (last_kv.record() or None) if last_kv is not None else None
+        return self._holder(key, held, last, fence_kv.mod_revision if fence_kv is not None else 0)
+
+    def wait_change(self, key, timeout, poll):
+        """Watch the lock key for its deletion (release, force_release or the
+        lease's expiry), from just after the revision at which we saw it
+        held, so a release in between is not missed; at most `timeout`.
+        Any trouble with the watch ends the wait early: the caller asks again,
+        and a backend that is down then says so."""
+        lock = self._names(key)[0]
+        since = self._seen.get(key)
+        request = {"key": _b64(lock), "filters": ["NOPUT"]}
+        if since is not None:
+            request["start_revision"] = since + 1
+        deadline = time.monotonic() + timeout
+        try:
+            response = self._post("/watch", {"create_request": request}, stream=True, read_timeout=timeout)
+        except BackendError:
+            time.sleep(min(timeout, poll))  # as a polling backend would, not a busy loop
+            return
+        try:
+            for message in _json_lines(response):
+                result = message.get("result", {})
+                if result.get("events") or result.get("canceled") or "error" in message:
+                    return  # deleted, or compacted past `since`: ask again
+                if time.monotonic() >= deadline:
+                    return
+        except (requests.RequestException, ValueError):
+            return  # the read timed out (no release within timeout) or the stream broke
+        finally:
+            response.close()
+
+    def reset(self):
+        clients, self._clients = self._clients, None
+        for client in clients or ():
+            client.session.close()
+
+    def close(self):
+        self.reset()
+
+
+def _json_lines(response):
+    """The messages of a gateway stream: one JSON object per line."""
+    pending = b""
+    for chunk in response.iter_content(chunk_size=None):
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if line.strip():
+                yield json.loads(line.decode("utf-8"))
+
+
+def _error_text(response):
+    """The gateway's error message (JSON {"error": ...}), else the HTTP status."""
+    try:
+        return str(response.json().get("error") or response.status_code)[:300]
+    except ValueError:
+        return "HTTP %d %s" % (response.status_code, response.reason)

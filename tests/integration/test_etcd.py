@@ -1,0 +1,277 @@
+"""What only the etcd backend has to show, against real etcd members on
+loopback: a TTL kept by the server, fences across a restart, any one member
+down, auth limited to the prefix, waiting by watch, and a whole run.
+
+The contract every backend shares (grant, owner checks, slots, min_hold,
+force_release, last run) is in test_backends.py, which runs on etcd too.
+"""
+
+import re
+import threading
+import time
+import urllib.request
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from runner_proc import last_log, run_dlock, start_dlock
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, ConfigError
+
+import servers
+
+
+def watchers(server, index=0):
+    """How many watches the member serves (its Prometheus metrics)."""
+    url = "http://127.0.0.1:%d/metrics" % server.client_ports[index]
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        text = answer.read().decode()
+    return int(float(re.search(r"^etcd_debugging_mvcc_watcher_total (\S+)$", text, re.M).group(1)))
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for " + what
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Three members on loopback; tests stop and start member 0."""
+    server = servers.EtcdServer(members=3)
+    yield server
+    server.stop()
+
+
+def test_the_ttl_is_kept_by_the_server(etcd_server, unique_key):
+    a, b = open_backend(etcd_server.url), open_backend(etcd_server.url)
+    asked = time.monotonic()
+    first = a.acquire(unique_key, "owner-a", 2)
+    assert first.granted
+    assert 0 < b.query(unique_key).ttl_remaining <= 2
+    # Nobody renews: the server alone ends the lease (2s, revoked within 500ms).
+    wait_for(lambda: b.query(unique_key).owner is None, 4, "the lease to expire")
+    assert time.monotonic() - asked >= 2
+    assert a.renew(unique_key, "owner-a", 2) is False
+    second = b.acquire(unique_key, "owner-b", 2)
+    assert second.granted and second.fence > first.fence
+    a.close()
+    b.close()
+
+
+def test_fences_grow_across_a_restart(own_etcd, unique_key):
+    backend = open_backend(own_etcd.url)
+    first = backend.acquire(unique_key, "a", 30)
+    assert backend.release(unique_key, "a")
+    backend.close()
+    own_etcd.restart()
+    backend = open_backend(own_etcd.url)
+    assert backend.query(unique_key).fence == first.fence  # the last grant's fence is kept
+    second = backend.acquire(unique_key, "b", 30)
+    assert second.granted and second.fence > first.fence
+    backend.close()
+
+
+def test_a_lease_outlives_a_restart(own_etcd, unique_key):
+    backend = open_backend(own_etcd.url)
+    assert backend.acquire(unique_key, "a", 30).granted
+    own_etcd.restart()
+    assert backend.renew(unique_key, "a", 30) is True  # a new connection, the same lease
+    assert backend.acquire(unique_key, "b", 30).status == "locked"
+    backend.close()
+
+
+def test_one_member_down_is_not_an_outage(cluster, unique_key):
+    cluster.stop_member(0)  # the first member of the URL, asked first
+    # If it led, the others elect a leader (1-2 election timeouts, during
+    # which etcd serves no write): a member down is not an outage once that is done.
+    cluster.wait_healthy()
+    try:
+        backend = open_backend(cluster.url, op_timeout=2.0)
+        started = time.monotonic()
+        grant = backend.acquire(unique_key, "a", 10)
+        assert grant.granted
+        assert backend.renew(unique_key, "a", 10) is True
+        assert backend.query(unique_key).owner == "a"
+        assert backend.release(unique_key, "a")
+        assert time.monotonic() - started < 2.0
+        backend.close()
+        # Only the stopped member: a BackendError that names it, within op_timeout.
+        alone = open_backend(cluster.member_url(0), op_timeout=0.5)
+        with pytest.raises(BackendError) as err:
+            alone.acquire(unique_key, "a", 10)
+        assert "127.0.0.1:%d" % cluster.client_ports[0] in str(err.value)
+    finally:
+        cluster.start_member(0)
+
+
+def test_a_member_going_down_while_held(cluster, unique_key):
+    backend = open_backend(cluster.url)
+    assert backend.acquire(unique_key, "a", 10).granted  # asked member 0
+    cluster.stop_member(0)
+    cluster.wait_healthy()
+    try:
+        assert backend.renew(unique_key, "a", 10) is True
+        assert backend.release(unique_key, "a")
+    finally:
+        cluster.start_member(0)
+        backend.close()
+
+
+@pytest.fixture
+def etcd_auth(own_etcd):
+    """Auth on: root, and a user 'dlock' whose role covers only /dlock/."""
+    ctl = own_etcd.etcdctl
+    ctl("user", "add", "root:root-secret")
+    ctl("role", "add", "dlock-locks")
+    ctl("role", "grant-permission", "dlock-locks", "readwrite", "--prefix=true", "/dlock/")
+    ctl("user", "add", "dlock:Locker-Secret-1")
+    ctl("user", "grant-role", "dlock", "dlock-locks")
+    ctl("auth", "enable")
+    return own_etcd
+
+
+def test_a_user_limited_to_the_prefix_works(etcd_auth, unique_key):
+    url = "etcd://dlock@127.0.0.1:%d/dlock" % etcd_auth.client_ports[0]
+    a, b = open_backend(url, password="Locker-Secret-1"), open_backend(url, password="Locker-Secret-1")
+    grant = a.acquire(unique_key, "a", 10)
+    assert grant.granted
+    assert b.acquire(unique_key, "b", 10).status == "locked"
+    assert a.renew(unique_key, "a", 10) is True
+    assert b.query(unique_key).owner == "a"
+    assert a.release(unique_key, "a", last={"result": "success"})
+    assert b.acquire(unique_key, "b", 10).granted
+    assert abs(b.server_time() - time.time()) < 5
+    # Outside its prefix the user may do nothing.
+    outside = open_backend("etcd://dlock@127.0.0.1:%d/other" % etcd_auth.client_ports[0], password="Locker-Secret-1")
+    with pytest.raises(AuthError) as err:
+        outside.acquire(unique_key, "a", 10)
+    assert "permission denied" in str(err.value)
+    for backend in (a, b, outside):
+        backend.close()
+
+
+def test_a_wrong_password_is_an_auth_error(etcd_auth, unique_key):
+    url = "etcd://dlock@127.0.0.1:%d/dlock" % etcd_auth.client_ports[0]
+    backend = open_backend(url, password="Not-The-Password-9")
+    with pytest.raises(AuthError) as err:
+        backend.acquire(unique_key, "a", 10)
+    assert "Not-The-Password-9" not in str(err.value)
+    assert "authentication failed" in str(err.value)
+    anonymous = open_backend(url)
+    with pytest.raises(AuthError):
+        anonymous.acquire(unique_key, "a", 10)
+
+
+def test_an_expired_token_is_renewed(etcd_auth, unique_key):
+    url = "etcd://dlock@127.0.0.1:%d/dlock" % etcd_auth.client_ports[0]
+    backend = open_backend(url, password="Locker-Secret-1")
+    assert backend.acquire(unique_key, "a", 10).granted
+    backend._token = "not-a-token.1"  # as after the server forgot it (restart, 5 minutes unused)
+    assert backend.renew(unique_key, "a", 10) is True
+    assert backend._token != "not-a-token.1"
+    backend.close()
+
+
+def test_a_password_needs_a_user():
+    with pytest.raises(ConfigError) as err:
+        open_backend("etcd://127.0.0.1:2379/dlock", password="Locker-Secret-1")
+    assert "name the user" in str(err.value) and "Locker-Secret-1" not in str(err.value)
+
+
+def test_waiting_wakes_on_the_release_by_watch(etcd_server, unique_key):
+    a, b = open_backend(etcd_server.url), open_backend(etcd_server.url)
+    assert a.acquire(unique_key, "a", 30).granted
+    assert b.acquire(unique_key, "b", 30).status == "locked"
+    before = watchers(etcd_server)
+    woke = threading.Event()
+    events = []
+
+    def waiter():
+        # poll=30: the default (polling) implementation would sleep 30s.
+        b.wait_change(unique_key, 30, 30)
+        events.append(("woke", time.monotonic()))
+        woke.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    wait_for(lambda: watchers(etcd_server) > before, 5, "the waiter's watch")
+    assert not woke.is_set()  # held: the watch does not end by itself
+    released = time.monotonic()
+    events.append(("released", released))
+    assert a.release(unique_key, "a")
+    assert woke.wait(2), "the waiter did not wake within 2s of the release"
+    thread.join(5)
+    assert [name for name, _at in events] == ["released", "woke"]
+    assert events[1][1] - released < 1.0
+    assert b.acquire(unique_key, "b", 30).granted
+    a.close()
+    b.close()
+
+
+def test_waiting_is_bounded_by_its_timeout(etcd_server, unique_key):
+    a, b = open_backend(etcd_server.url), open_backend(etcd_server.url)
+    assert a.acquire(unique_key, "a", 30).granted
+    assert b.acquire(unique_key, "b", 30).status == "locked"
+    started = time.monotonic()
+    b.wait_change(unique_key, 0.5, 30)
+    assert 0.45 <= time.monotonic() - started < 2.0
+    a.close()
+    b.close()
+
+
+def test_a_ttl_below_the_etcd_minimum_is_refused(etcd_server, unique_key):
+    result = run_dlock("run", "--job", "short", "--key", unique_key, "--backend", etcd_server.url,
+                       "--ttl", "1500ms", "--", "true")
+    assert result.returncode == 78
+    assert "below the minimum of 2s for etcd://" in result.stderr
+
+
+def test_a_run_end_to_end_and_a_waiting_runner(etcd_server, unique_key, tmp_path):
+    """The node runner on etcd: a job runs under the lock with its fence, and a
+    runner with on_contention=wait starts as soon as the holder's run ends."""
+    gate = tmp_path / "gate"
+    args = ["run", "--job", "e2e", "--key", unique_key, "--backend", etcd_server.url, "--ttl", "6s"]
+    holder = start_dlock(*args, "--", "sh", "-c", 'touch "$0.running"; while [ ! -e "$0" ]; do sleep 0.02; done',
+                         str(gate))
+    wait_for((tmp_path / "gate.running").exists, 20, "the holder's job")
+    before = watchers(etcd_server)
+    waiter = start_dlock(*args, "--on-contention", "wait", "--wait-timeout", "60s", "--",
+                         "sh", "-c", 'echo "$DLOCK_FENCING_TOKEN" > "$0"', str(tmp_path / "fence"))
+    wait_for(lambda: watchers(etcd_server) > before, 20, "the waiting runner's watch")
+    gate.touch()
+    _out, holder_err = holder.communicate(timeout=30)
+    _out, waiter_err = waiter.communicate(timeout=30)
+    first, second = last_log(holder_err), last_log(waiter_err)
+    assert (holder.returncode, waiter.returncode) == (0, 0), (holder_err, waiter_err)
+    assert first["result"] == second["result"] == "success"
+    assert second["attempt"] >= 2 and second["fence"] > first["fence"]
+    assert (tmp_path / "fence").read_text().strip() == str(second["fence"])
+    assert open_backend(etcd_server.url).query(unique_key).owner is None
+
+
+LABELS = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True).filter(lambda s: not s.isdigit())
+MEMBERS = st.lists(st.tuples(st.one_of(LABELS, st.ip_addresses(v=4).map(str)), st.integers(1, 65535)),
+                   min_size=1, max_size=5)
+PREFIXES = st.lists(st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,10}", fullmatch=True), min_size=1, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(members=MEMBERS, prefix=PREFIXES, tls=st.booleans(), user=st.one_of(st.none(), LABELS))
+def test_every_member_list_and_prefix_is_read_back(members, prefix, tls, user):
+    url = "%s://%s%s/%s" % ("etcd+https" if tls else "etcd", user + "@" if user else "",
+                            ",".join("%s:%d" % member for member in members), "/".join(prefix))
+    parts = validate.backend_url(url)
+    assert parts.hosts == members and parts.path == "/" + "/".join(prefix) and parts.user == user
+
+
+@settings(max_examples=200, deadline=None)
+@given(members=MEMBERS, secret=st.from_regex(r"[A-Za-z0-9]{8,20}", fullmatch=True))
+def test_a_password_in_an_etcd_url_is_never_shown(members, secret):
+    url = "etcd://dlock:%s@%s/dlock" % (secret, ",".join("%s:%d" % member for member in members))
+    with pytest.raises(ConfigError) as err:
+        validate.backend_url(url)
+    assert "contains a password" in str(err.value) and secret not in str(err.value)

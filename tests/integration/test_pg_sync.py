@@ -1,0 +1,158 @@
+"""PostgreSQL with strict synchronous replication (Patroni's synchronous_mode_strict),
+against a real primary and a real streaming standby: a grant or a renewal counts
+only when its commit is known to be on the standby; with the standby gone the
+engine never hangs, never counts what it wrote, and leaves nothing held."""
+
+import os
+import sys
+import time
+
+import psycopg
+import pytest
+from runner_proc import last_log, lines, run_dlock, start_dlock, wait_for
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError
+
+JOB = [sys.executable, os.path.join(os.path.dirname(__file__), "jobfixture.py")]
+SCHEMES = ["postgresql", "postgresql+advisory"]
+OP_TIMEOUT = 0.5
+# What an operation may take beyond op_timeout on a loaded 2-core machine:
+# reconnecting, the undo of the grant, the interpreter.
+SLACK = 3.0
+
+
+def lease_row(server, key):
+    """(owner, fence, seconds until expiry) of the key's lease row on server, or None."""
+    try:
+        rows = server.sql("SELECT owner, fence, extract(epoch FROM expires_at - clock_timestamp())::float8 "
+                          "FROM dlock_lease WHERE key = '%s'" % key, db="dlock")
+    except psycopg.errors.UndefinedTable:  # the standby has not replayed the CREATE TABLE yet
+        return None
+    return rows[0] if rows else None
+
+
+def slot_owner(server, key, slot):
+    rows = server.sql("SELECT owner FROM dlock_slot WHERE key = '%s' AND slot = %d" % (key, slot.number), db="dlock")
+    return rows[0][0] if rows else None
+
+
+def _args(url, key, *extra):
+    return ["run", "--job", "job-" + key[-6:], "--key", key, "--backend", url] + list(extra)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_grant_renew_release_are_on_the_standby(pg_sync, unique_key, scheme):
+    backend = open_backend(pg_sync.primary.url(scheme=scheme), op_timeout=OP_TIMEOUT)
+    try:
+        grant = backend.acquire(unique_key, "owner-a", 30)
+        assert grant.granted
+        # The commit waited for the standby's flush; its replay may trail a little.
+        wait_for(lambda: (lease_row(pg_sync.standby, unique_key) or ())[:2] == ("owner-a", grant.fence), 10,
+                 "the grant on the standby")
+        assert backend.renew(unique_key, "owner-a", 30) is True
+        assert backend.release(unique_key, "owner-a") is True
+        wait_for(lambda: lease_row(pg_sync.standby, unique_key)[0] is None, 10, "the release on the standby")
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("scheme,slot", [("postgresql", None), ("postgresql", Slot(4242, 600)),
+                                         ("postgresql+advisory", None)])
+def test_standby_down_no_grant_and_nothing_left_held(pg_sync, unique_key, scheme, slot):
+    backend = open_backend(pg_sync.primary.url(scheme=scheme), op_timeout=OP_TIMEOUT)
+    try:
+        assert backend.query(unique_key).owner is None  # connected, tables there
+        pg_sync.standby_down()
+        started = time.monotonic()
+        with pytest.raises(BackendError) as err:
+            backend.acquire(unique_key, "owner-a", 30, slot)
+        took = time.monotonic() - started
+        assert OP_TIMEOUT <= took < OP_TIMEOUT + SLACK, took
+        assert "not known to be replicated to a synchronous standby" in str(err.value)
+        assert "what it wrote was released" in str(err.value)
+        # The row committed on the primary carries no owner: nobody waits for its TTL.
+        owner, fence, _left = lease_row(pg_sync.primary, unique_key)
+        assert owner is None and fence == 1
+        if slot is not None:
+            assert slot_owner(pg_sync.primary, unique_key, slot) is None
+        assert backend.query(unique_key).owner is None
+    finally:
+        backend.close()
+    pg_sync.standby_up()
+    other = open_backend(pg_sync.primary.url(scheme=scheme), op_timeout=OP_TIMEOUT)
+    try:
+        grant = other.acquire(unique_key, "owner-b", 30, slot)
+        assert grant.granted and grant.fence == 2  # grants resume once the standby is back
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_runner_fails_closed_when_the_standby_is_down(pg_sync, unique_key, scheme, tmp_path):
+    url = pg_sync.primary.url(scheme=scheme)
+    backend = open_backend(url)
+    backend.query(unique_key)  # the tables exist before the standby goes
+    backend.close()
+    pg_sync.standby_down()
+    ledger = str(tmp_path / "ledger")
+    started = time.monotonic()
+    proc = run_dlock(*_args(url, unique_key, "--op-timeout", "%gs" % OP_TIMEOUT, "--", *JOB, "interval", ledger, "0"))
+    took = time.monotonic() - started
+    assert proc.returncode == 75, proc.stderr
+    assert took < OP_TIMEOUT + SLACK + 2.0, took  # plus the interpreter's start
+    assert lines(ledger) == [], "the job ran without a replicated grant"
+    log = last_log(proc.stderr)
+    assert log["result"] == "backend_error" and "not known to be replicated" in log["error"], log
+    assert lease_row(pg_sync.primary, unique_key)[0] is None
+
+
+@pytest.mark.slow
+def test_holder_self_fences_when_the_standby_goes(pg_sync, unique_key, tmp_path):
+    beat = str(tmp_path / "beat")
+    # renew_every 2s leaves time to stop the standby between two renewals.
+    holder = start_dlock(*_args(pg_sync.primary.url(), unique_key, "--ttl", "6s", "--renew-every", "2s",
+                                "--kill-grace", "500ms", "--op-timeout", "%gs" % OP_TIMEOUT,
+                                "--", *JOB, "beat", beat))
+    try:
+        wait_for(lambda: len(lines(beat)) > 2, 20, "the job to start")
+        wait_for(lambda: lease_row(pg_sync.primary, unique_key)[2] > 5.8, 10, "a fresh renewal")
+        # While the standby is up, a commit is visible only once the standby has
+        # it (the wait comes before the commit becomes visible): this expiry is
+        # the one a failover would keep, and no renewal can be confirmed any more.
+        expires_at = time.time() + lease_row(pg_sync.primary, unique_key)[2]
+        pg_sync.standby_down()
+        code = holder.wait(30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    last_beat = max(r["t"] for r in lines(beat))
+    assert code == 76
+    assert last_beat < expires_at, "the job still ran %.3fs after its lease expired" % (last_beat - expires_at)
+    log = last_log(holder.stderr.read())
+    # The heartbeat gives up on a renewal at op_timeout, as the backend's cancel
+    # request goes out: either one's words may be the last error.
+    assert log["result"] == "lock_lost" and log["renew_error"], log
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_multi_host_url_lands_on_the_primary(pg_sync, unique_key, scheme, tmp_path):
+    closed = "127.0.0.1:1"  # nothing listens there
+    standby = "127.0.0.1:%d" % pg_sync.standby.port
+    primary = "127.0.0.1:%d" % pg_sync.primary.port
+    ledger = str(tmp_path / "ledger")
+    for hosts in ([closed, primary], [standby, primary], [closed, standby, primary]):
+        url = "%s://postgres@%s/dlock" % (scheme, ",".join(hosts))
+        proc = run_dlock(*_args(url, unique_key, "--", *JOB, "interval", ledger, "0"))
+        assert proc.returncode == 0, (hosts, proc.stderr)
+    assert [run["fence"] for run in lines(ledger)] == [1, 2, 3]
+
+
+def test_standby_alone_is_refused(pg_sync, unique_key):
+    backend = open_backend(pg_sync.standby.url(), op_timeout=OP_TIMEOUT)
+    try:
+        with pytest.raises(BackendError) as err:
+            backend.acquire(unique_key, "owner-a", 30)
+    finally:
+        backend.close()
+    assert "read-only" in str(err.value)
