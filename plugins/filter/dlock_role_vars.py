@@ -64,10 +64,6 @@ PG_HBA_NAME_KEYWORDS = ("all", "sameuser", "samerole", "samegroup", "replication
 GROUP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 # etcd user and role names (the URL's user too) and the bootstrap token.
 ETCD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-# The key prefix of an etcd URL (its path): the engine's rule, once the
-# engine knows etcd:// (branch issue13-etcd adds validate.ETCD_PREFIX); the
-# same pattern until then.
-ETCD_PREFIX = getattr(validate, "ETCD_PREFIX", re.compile(r"(?:/[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}){1,8}"))
 
 
 # -- value kinds built on validate.py -----------------------------------------
@@ -382,8 +378,9 @@ TABLES = {
         "dlock_etcd_user": _pattern(ETCD_NAME, "letters, digits and _ . -, not starting with . or -", 64,
                                     "user name"),
         "dlock_etcd_password": _password(16, NO_SPACE, "characters other than white space"),
-        "dlock_etcd_prefix": _pattern(ETCD_PREFIX, "a path such as /dlock: segments of letters, digits and _ . -, "
-                                                   "no trailing /", 200, "key prefix"),
+        # The engine's rule for the path of an etcd URL.
+        "dlock_etcd_prefix": _pattern(validate.ETCD_PREFIX, "a path such as /dlock: segments of letters, digits "
+                                                            "and _ . -, no trailing /", 200, "key prefix"),
         "dlock_etcd_tls": _boolean,
         "dlock_etcd_tls_cert_file": _empty_or(_path),
         "dlock_etcd_tls_key_file": _empty_or(_path),
