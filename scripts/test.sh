@@ -68,5 +68,8 @@ molecule test -s redis
 stage "molecule: the PostgreSQL backend, chrony and metrics (a backend node + 3 job nodes)"
 molecule test -s postgresql
 
+stage "molecule: the etcd backend, chrony and metrics (3 etcd members + 3 job nodes)"
+molecule test -s etcd
+
 stage ""
 echo "=== all stages passed in ${SECONDS}s"

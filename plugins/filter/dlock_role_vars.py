@@ -60,6 +60,10 @@ EXPORTER_OWN_FLAGS = ("--web.listen-address", "--collector.textfile.directory")
 # than one host or network, in the database and user columns to every one.
 PG_HBA_KEYWORDS = ("all", "samehost", "samenet")
 PG_HBA_NAME_KEYWORDS = ("all", "sameuser", "samerole", "samegroup", "replication")
+# An Ansible inventory group name.
+GROUP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+# etcd user and role names (the URL's user too) and the bootstrap token.
+ETCD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
 # -- value kinds built on validate.py -----------------------------------------
@@ -352,6 +356,40 @@ TABLES = {
         "dlock_runner_defaults": _lock_defaults,
         "dlock_runner_install_driver": _boolean,
     },
+    "dlock_etcd": {
+        "dlock_etcd_group": _pattern(GROUP_NAME, "letters, digits and _, not starting with a digit", 64,
+                                     "group name"),
+        "dlock_etcd_name": _hostname,
+        "dlock_etcd_address": validate.address,
+        "dlock_etcd_client_port": _port,
+        "dlock_etcd_peer_port": _port,
+        "dlock_etcd_data_dir": _path,
+        "dlock_etcd_initial_cluster_state": _choice("new", "existing"),
+        "dlock_etcd_initial_cluster_token": _pattern(ETCD_NAME, "letters, digits and _ . -, not starting with . "
+                                                                "or -", 64, "token"),
+        # etcd's bounds: heartbeat and election timeout in ms, at most 50 s
+        # for the election; space up to 8 GiB (etcd warns above).
+        "dlock_etcd_heartbeat_interval": _integer(10, 10000),
+        "dlock_etcd_election_timeout": _integer(50, 50000),
+        "dlock_etcd_quota_backend_bytes": _integer(16 * 1024 ** 2, 8 * 1024 ** 3),
+        # Watches (a waiting runner) need some history: at least 1000 revisions.
+        "dlock_etcd_auto_compaction_retention": _integer(1000, 10 ** 9),
+        "dlock_etcd_root_password": _password(16, NO_SPACE, "characters other than white space"),
+        "dlock_etcd_user": _pattern(ETCD_NAME, "letters, digits and _ . -, not starting with . or -", 64,
+                                    "user name"),
+        "dlock_etcd_password": _password(16, NO_SPACE, "characters other than white space"),
+        # The engine's rule for the path of an etcd URL.
+        "dlock_etcd_prefix": _pattern(validate.ETCD_PREFIX, "a path such as /dlock: segments of letters, digits "
+                                                            "and _ . -, no trailing /", 200, "key prefix"),
+        "dlock_etcd_tls": _boolean,
+        "dlock_etcd_tls_cert_file": _empty_or(_path),
+        "dlock_etcd_tls_key_file": _empty_or(_path),
+        "dlock_etcd_tls_ca_file": _empty_or(_path),
+        "dlock_etcd_peer_tls": _boolean,
+        "dlock_etcd_peer_tls_cert_file": _empty_or(_path),
+        "dlock_etcd_peer_tls_key_file": _empty_or(_path),
+        "dlock_etcd_peer_tls_ca_file": _empty_or(_path),
+    },
     # The job list itself is checked by the dlock.fleet.dlock_jobs filter.
     "dlock_jobs": {
         "dlock_jobs_randomized_delay": _duration(),
@@ -370,7 +408,7 @@ TABLES = {
 
 # Variables whose values are never shown, not even in a message about another rule.
 SECRETS = ("dlock_redis_password", "dlock_redis_admin_password", "dlock_postgresql_password",
-           "dlock_runner_backend_password")
+           "dlock_etcd_root_password", "dlock_etcd_password", "dlock_runner_backend_password")
 
 
 # -- rules between variables (run only on values that passed the table) ------
@@ -403,6 +441,26 @@ def _postgresql_rules(values):
                 yield "%s: must be set with dlock_postgresql_tls (a file on the backend host)" % name
 
 
+def _etcd_rules(values):
+    if values.get("dlock_etcd_user") == "root":
+        yield "dlock_etcd_user: must not be root (etcd's administrator, with every right): name the runners' own user"
+    passwords = [values.get(name) for name in ("dlock_etcd_root_password", "dlock_etcd_password")]
+    if passwords[0] and passwords[0] == passwords[1]:
+        yield "dlock_etcd_password: must differ from dlock_etcd_root_password"
+    if "dlock_etcd_client_port" in values and values.get("dlock_etcd_client_port") == values.get("dlock_etcd_peer_port"):
+        yield "dlock_etcd_client_port and dlock_etcd_peer_port must differ"
+    heartbeat, election = values.get("dlock_etcd_heartbeat_interval"), values.get("dlock_etcd_election_timeout")
+    if heartbeat is not None and election is not None and int(election) < 5 * int(heartbeat):
+        yield ("dlock_etcd_election_timeout: %s ms is less than 5 times dlock_etcd_heartbeat_interval (%s ms): "
+               "etcd refuses to start" % (election, heartbeat))
+    for kind in ("tls", "peer_tls"):
+        if values.get("dlock_etcd_" + kind):
+            for name in ("cert_file", "key_file", "ca_file"):
+                if values.get("dlock_etcd_%s_%s" % (kind, name), "x") == "":
+                    yield ("dlock_etcd_%s_%s: must be set with dlock_etcd_%s (a file on every member)"
+                           % (kind, name, kind))
+
+
 def _chrony_rules(values):
     names = ("dlock_chrony_servers", "dlock_chrony_pools", "dlock_chrony_local_stratum")
     if all(name in values for name in names) and not (values["dlock_chrony_servers"] or values["dlock_chrony_pools"]
@@ -422,7 +480,8 @@ def _runner_rules(values):
         yield "dlock_runner_group: must not be root (job units join this group)"
 
 
-RULES = {"dlock_redis": _redis_rules, "dlock_postgresql": _postgresql_rules, "dlock_chrony": _chrony_rules,
+RULES = {"dlock_redis": _redis_rules, "dlock_postgresql": _postgresql_rules, "dlock_etcd": _etcd_rules,
+         "dlock_chrony": _chrony_rules,
          "dlock_metrics": _metrics_rules, "dlock_runner": _runner_rules, "dlock_jobs": lambda values: ()}
 
 

@@ -35,12 +35,17 @@ SECRET_ADMIN = "Admin-Pw-5ecret-0002"
 SECRET_PG = "Pg-Pw-5ecret-00003"
 SECRET_RUNNER = "Runner-Pw-5ecret-04"
 SECRET_URL = "Url-Pw-5ecret-0005"
+SECRET_ETCD_ROOT = "Root-Pw-5ecret-006"
+SECRET_ETCD = "Etcd-Pw-5ecret-0007"
 
 BASE = {
     "dlock_redis": {"dlock_redis_password": SECRET_REDIS, "dlock_redis_admin_password": SECRET_ADMIN,
                     "dlock_redis_bind": ["127.0.0.1"]},
     "dlock_postgresql": {"dlock_postgresql_password": SECRET_PG, "dlock_postgresql_clients": ["10.0.0.0/24"],
                          "dlock_postgresql_listen_addresses": ["localhost"]},
+    # Each etcd host is a one-member cluster of its own (run_cases makes the group).
+    "dlock_etcd": {"dlock_etcd_root_password": SECRET_ETCD_ROOT, "dlock_etcd_password": SECRET_ETCD,
+                   "dlock_etcd_address": "127.0.0.1", "dlock_etcd_group": "{{ 'etcd_' ~ inventory_hostname | replace('-', '_') }}"},
     "dlock_chrony": {},
     "dlock_metrics": {"dlock_metrics_group": "root"},
     "dlock_runner": {"dlock_runner_backend_url": "redis://dlock@127.0.0.1:6379/0",
@@ -52,6 +57,7 @@ BASE = {
 RENDERS = {
     "dlock_redis": ["dlock.conf.j2"],
     "dlock_postgresql": ["dlock.conf.j2", "pg_hba.conf.j2"],
+    "dlock_etcd": ["etcd.env.j2"],
     "dlock_chrony": ["chrony.conf.j2"],
     "dlock_metrics": ["node-exporter.defaults.j2", "refresh.service.j2", "refresh.timer.j2"],
     "dlock_runner": [],
@@ -310,10 +316,59 @@ case(J, "password_path", password_path="%d/x")
 case(J, "metrics_dir", metrics_dir="relative")
 case(J, "unit_dir", unit_dir="/etc/systemd/system/../x")
 
+# -- dlock_etcd -----------------------------------------------------------------
+E = "dlock_etcd"
+case(E, "group", group="dlock backend")
+case(E, "group", group=["dlock_backend"])
+case(E, "name", name="e1,e2=http://10.6.6.6:2380")
+case(E, "name", name="")
+case(E, "address", address="etcd1.example.com")
+case(E, "address", address="10.0.0.1" + NL + "ETCD_UNSAFE_NO_FSYNC=true")
+case(E, "address", address="fe80::1%eth0")
+case(E, "client_port", client_port=0)
+case(E, "client_port", client_port="2379" + NL + "ETCD_ENABLE_V2=true")
+case(E, "peer_port", peer_port=65536)
+case(E, "peer_port", client_port=2380)
+case(E, "data_dir", data_dir="var/lib/etcd")
+case(E, "data_dir", data_dir="/var/lib/etcd/../../tmp")
+case(E, "initial_cluster_state", initial_cluster_state="maybe")
+case(E, "initial_cluster_token", initial_cluster_token="tok en")
+case(E, "initial_cluster_token", initial_cluster_token="-x")
+case(E, "heartbeat_interval", heartbeat_interval=5)
+case(E, "heartbeat_interval", heartbeat_interval="100ms")
+case(E, "election_timeout", election_timeout=100000)
+case(E, "election_timeout", election_timeout=400)
+case(E, "quota_backend_bytes", quota_backend_bytes=1024)
+case(E, "quota_backend_bytes", quota_backend_bytes=16 * 1024 ** 3)
+case(E, "auto_compaction_retention", auto_compaction_retention=10)
+case(E, "auto_compaction_retention", auto_compaction_retention="1h")
+case(E, "root_password", root_password="")
+case(E, "root_password", root_password=SECRET_ETCD_ROOT[:10])
+case(E, "root_password", root_password=SECRET_ETCD_ROOT + " x")
+case(E, "user", user="root")
+case(E, "user", user="dlock:x")
+case(E, "user", user="")
+case(E, "password", password="")
+case(E, "password", password=SECRET_ETCD + NL)
+case(E, "password", password=SECRET_ETCD_ROOT)
+case(E, "prefix", prefix="/dlock/")
+case(E, "prefix", prefix="dlock")
+case(E, "prefix", prefix="/")
+case(E, "prefix", prefix="/dlock/../other")
+case(E, "tls", tls="yes")
+case(E, "tls_cert_file", tls=True, tls_key_file="/k.pem", tls_ca_file="/ca.pem")
+case(E, "tls_key_file", tls_key_file="relative.pem")
+case(E, "tls_ca_file", tls=True, tls_cert_file="/c.pem", tls_key_file="/k.pem")
+case(E, "peer_tls", peer_tls=1)
+case(E, "peer_tls_cert_file", peer_tls_cert_file="/etc/etcd/p.pem" + NL + "ETCD_PEER_CLIENT_CERT_AUTH=false")
+case(E, "peer_tls_key_file", peer_tls=True, peer_tls_cert_file="/p.pem", peer_tls_ca_file="/ca.pem")
+case(E, "peer_tls_ca_file", peer_tls_ca_file="/etc/etcd/ca pem")
+
 # One good host per role, in the runs of the bad ones where nothing stops them.
 GOOD = {
     "dlock_redis": {"dlock_redis_maxmemory": "256mb", "dlock_redis_port": "6380"},
     "dlock_postgresql": {"dlock_postgresql_clients": ["10.0.0.5", "fd00::/64", "node1.example.com"]},
+    "dlock_etcd": {"dlock_etcd_prefix": "/locks/prod", "dlock_etcd_client_port": 12379},
     "dlock_chrony": {"dlock_chrony_servers": ["ntp1.example.com"], "dlock_chrony_allow": ["10.0.0.0/8"],
                      "dlock_chrony_extra_config": ["hwtimestamp *"]},
     "dlock_metrics": {"dlock_metrics_node_exporter_args": ["--collector.systemd"]},
@@ -322,7 +377,7 @@ GOOD = {
 }
 
 RUNS = {
-    "backends": ["dlock_redis", "dlock_postgresql", "dlock_chrony", "dlock_metrics"],
+    "backends": ["dlock_redis", "dlock_postgresql", "dlock_etcd", "dlock_chrony", "dlock_metrics"],
     "runner": ["dlock_runner"],
     "jobs": ["dlock_jobs"],
 }
@@ -384,6 +439,9 @@ def run_cases(tmp_path, fact_cache, roles, hosts_by_role):
                                **variables)
             shutil.copy(str(cache / (prefix + "localhost")), str(cache / (prefix + name)))
         inventory["all"]["children"][role] = {"hosts": hosts}
+        if role == "dlock_etcd":  # every etcd host a one-member cluster (BASE names the group)
+            for name in hosts:
+                inventory["all"]["children"]["etcd_" + name.replace("-", "_")] = {"hosts": {name: {}}}
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
     playbook = "".join(PLAY.format(role=role, root=ROOT, out=out, renders=json.dumps(RENDERS[role]))
                        for role in roles)
@@ -467,6 +525,10 @@ def check_good_hosts(roles, failures, out):
     if "dlock_redis" in roles:
         redis = rendered["dlock_redis"]["dlock.conf.j2"]
         assert "\nport 6380\n" in redis and "\nmaxmemory 256mb\n" in redis and "\nbind 127.0.0.1\n" in redis
+    if "dlock_etcd" in roles:
+        etcd = rendered["dlock_etcd"]["etcd.env.j2"]
+        assert "\nETCD_LISTEN_CLIENT_URLS=http://127.0.0.1:12379\n" in etcd, etcd
+        assert "\nETCD_INITIAL_CLUSTER=dlock-etcd-999=http://127.0.0.1:2380\n" in etcd, etcd
     if "dlock_chrony" in roles:
         chrony = rendered["dlock_chrony"]["chrony.conf.j2"]
         assert "\nserver ntp1.example.com iburst\n" in chrony and "\nallow 10.0.0.0/8\n" in chrony

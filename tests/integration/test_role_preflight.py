@@ -37,6 +37,9 @@ def run_preflight(tmp_path, role, variables):
 @pytest.mark.parametrize("role, variables", [
     ("dlock_redis", {"dlock_redis_password": SECRET}),
     ("dlock_postgresql", {"dlock_postgresql_password": SECRET, "dlock_postgresql_clients": ["10.0.0.0/24"]}),
+    # localhost alone (group ungrouped) is a one-member cluster.
+    ("dlock_etcd", {"dlock_etcd_root_password": SECRET, "dlock_etcd_password": SECRET[::-1],
+                    "dlock_etcd_group": "ungrouped", "dlock_etcd_address": "127.0.0.1"}),
 ])
 def test_good_input_passes_preflight(tmp_path, role, variables):
     proc = run_preflight(tmp_path, role, variables)

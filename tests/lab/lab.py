@@ -6,7 +6,7 @@ Both a CLI (``python3 tests/lab/lab.py --help``) and a module::
 
     from lab import Lab
     lab = Lab()                      # prefix from DLOCK_LAB_PREFIX, else "dlk"
-    lab.up(nodes=3, backend=True)
+    lab.up(nodes=3, backend=True)    # or backends=3: PREFIX-b1..b3
     lab.ssh("n1", "systemctl is-system-running").stdout
     lab.crash("n2"); lab.start("n2")
     lab.down()
@@ -44,6 +44,9 @@ DEFAULT_SUBNET = "10.77.0"  # first three octets of the lab's /24
 CACHE_DIR = "/var/cache/dlock-lab"  # image and SSH key, kept between runs
 STOP_TIMEOUT = 30  # seconds a clean poweroff may take before the node is killed
 BOOT_TIMEOUT = 300  # seconds for `up`/`start` to see every node booted
+# Several backend nodes (an etcd cluster) are PREFIX-b1.. at .2..: below the
+# one-backend address .10 and the job nodes' .11 and up.
+MAX_BACKENDS = 8
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -52,12 +55,12 @@ BASE_PACKAGES = "systemd,systemd-sysv,python3,dbus,iproute2,openssh-server,sudo"
 ROLE_PACKAGES = [
     "python3-redis", "python3-psycopg", "redis-server", "redis-tools", "postgresql",
     "chrony", "prometheus-node-exporter", "python3-apt", "ca-certificates", "procps",
-    "iputils-ping",
+    "iputils-ping", "etcd-server", "etcd-client", "python3-etcd3gw",
 ]
 # Services the roles enable where needed, and apt timers that could only fail offline.
 DISABLED_UNITS = [
     "redis-server.service", "postgresql.service", "chrony.service",
-    "prometheus-node-exporter.service", "apt-daily.timer", "apt-daily-upgrade.timer",
+    "prometheus-node-exporter.service", "etcd.service", "apt-daily.timer", "apt-daily-upgrade.timer",
 ]
 IMAGE_REVISION = 1  # bump when the build steps change in a way the lists above do not show
 
@@ -324,12 +327,16 @@ class Lab:
 
     # ----------------------------------------------------------------- naming
 
-    def _node_list(self, nodes, backend):
-        wanted = [{"name": f"{self.prefix}-n{i}", "group": "dlock_nodes", "addr": f"{self.subnet}.{10 + i}"}
-                  for i in range(1, nodes + 1)]
-        if backend:
-            wanted.insert(0, {"name": f"{self.prefix}-backend", "group": "dlock_backend",
-                              "addr": f"{self.subnet}.10"})
+    def _node_list(self, nodes, backends):
+        """Backend nodes first: one is PREFIX-backend at .10 (as ever), several
+        are PREFIX-b1.. at .2..; then the job nodes PREFIX-n1.. at .11.."""
+        if backends == 1:
+            wanted = [{"name": f"{self.prefix}-backend", "group": "dlock_backend", "addr": f"{self.subnet}.10"}]
+        else:
+            wanted = [{"name": f"{self.prefix}-b{i}", "group": "dlock_backend", "addr": f"{self.subnet}.{1 + i}"}
+                      for i in range(1, backends + 1)]
+        wanted += [{"name": f"{self.prefix}-n{i}", "group": "dlock_nodes", "addr": f"{self.subnet}.{10 + i}"}
+                   for i in range(1, nodes + 1)]
         return wanted
 
     def _load_state(self):
@@ -398,16 +405,22 @@ class Lab:
 
     # ----------------------------------------------------------------- up
 
-    def up(self, nodes=3, backend=False, timeout=BOOT_TIMEOUT):
+    def up(self, nodes=3, backend=False, timeout=BOOT_TIMEOUT, backends=None):
         """Make the lab run exactly these nodes, all booted; return their names.
 
-        Converges from any state: creates what is missing, boots nodes that are
-        down, removes nodes beyond the requested set, leaves running ones alone.
+        backends is the number of backend nodes (group dlock_backend); when it
+        is not given, backend=True means one. Converges from any state: creates
+        what is missing, boots nodes that are down, removes nodes beyond the
+        requested set, leaves running ones alone.
         """
         if os.geteuid() != 0:
             raise LabError("the lab needs root")
         if not 1 <= nodes <= 244:
             raise LabError("--nodes must be between 1 and 244")
+        if backends is None:
+            backends = 1 if backend else 0
+        if not 0 <= backends <= MAX_BACKENDS:
+            raise LabError(f"--backends must be between 0 and {MAX_BACKENDS}")
         with open("/proc/sys/net/ipv4/ip_forward") as f:
             if f.read().strip() != "0":
                 # Nodes route via the host: forwarding would let their traffic leave the machine.
@@ -416,7 +429,7 @@ class Lab:
         if state["nodes"] and state["subnet"] != self.subnet:
             raise LabError(f"lab {self.prefix} runs on {state['subnet']}.0/24: `down` it first")
         image = self.build_image()
-        wanted = self._node_list(nodes, backend)
+        wanted = self._node_list(nodes, backends)
         wanted_names = {n["name"] for n in wanted}
         for name in self._discovered():
             if name not in wanted_names:
@@ -837,8 +850,8 @@ def main(argv=None):
         prog="lab.py",
         description="A fleet of systemd-nspawn nodes on this machine, for dlock.fleet's "
                     "molecule scenarios, demo and fault tests. Needs root.",
-        epilog="Nodes are named PREFIX-n1.. (and PREFIX-backend); commands accept the short "
-               "name (n1, backend) too. The image is cached in " + CACHE_DIR + "; state, "
+        epilog="Nodes are named PREFIX-n1.. (and PREFIX-backend, or PREFIX-b1.. with --backends N); "
+               "commands accept the short name (n1, backend, b1) too. The image is cached in " + CACHE_DIR + "; state, "
                "logs and the inventory live in /run/PREFIX-lab/.")
     parser.add_argument("--prefix", default=os.environ.get("DLOCK_LAB_PREFIX", DEFAULT_PREFIX),
                         help="name prefix of everything the lab creates (env DLOCK_LAB_PREFIX; default %(default)s)")
@@ -848,10 +861,13 @@ def main(argv=None):
 
     p = sub.add_parser("build", help="build the node image unless cached")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
-    p = sub.add_parser("up", help="make the lab run N job nodes (and the backend node), all booted")
+    p = sub.add_parser("up", help="make the lab run N job nodes (and the backend nodes), all booted")
     p.add_argument("--nodes", type=int, default=3, help="number of job nodes, group dlock_nodes (default 3)")
-    p.add_argument("--backend", action="store_true",
-                   help="also run PREFIX-backend at .10, group dlock_backend")
+    p.add_argument("--backend", dest="backends", action="store_const", const=1, default=0,
+                   help="also run PREFIX-backend at .10, group dlock_backend (as --backends 1)")
+    p.add_argument("--backends", dest="backends", type=int,
+                   help=f"run N backend nodes, group dlock_backend: PREFIX-backend at .10 for 1, "
+                        f"PREFIX-b1..bN at .2.. for more (at most {MAX_BACKENDS}; e.g. 3 for an etcd cluster)")
     p.add_argument("--timeout", type=float, default=BOOT_TIMEOUT, help="seconds to wait for boot")
     sub.add_parser("down", help="stop all nodes and remove everything with the prefix (idempotent)")
     p = sub.add_parser("status", help="nodes, pids, addresses, state")
@@ -890,7 +906,7 @@ def main(argv=None):
         if args.command == "build":
             sys.stdout.write(lab.build_image(force=args.force) + "\n")
         elif args.command == "up":
-            names = lab.up(args.nodes, args.backend, args.timeout)
+            names = lab.up(args.nodes, timeout=args.timeout, backends=args.backends)
             sys.stdout.write(f"up: {len(names)} nodes running after {time.monotonic() - started:.1f}s; "
                              f"inventory {lab.inventory}\n")
         elif args.command == "down":

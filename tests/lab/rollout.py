@@ -88,11 +88,12 @@ def clock_inventory(lab):
 
 
 def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
-    """site.yml with dlock_backend_type: the backend role on the backend node
-    (booted if missing), chrony, the runner, the jobs and the metrics. The
-    backend password is generated once into the lab's state directory."""
+    """site.yml with dlock_backend_type: the backend role on the backend nodes
+    (booted if missing: three for etcd, else one), chrony, the runner, the jobs
+    and the metrics. The backend password is generated once into the lab's
+    state directory."""
     if not lab.group("dlock_backend"):
-        lab.up(nodes=len(lab.group("dlock_nodes")), backend=True)
+        lab.up(nodes=len(lab.group("dlock_nodes")), backends=3 if backend_type == "etcd" else 1)
     site_vars = {"dlock_backend_type": backend_type,
                  "dlock_backend_password_file": password_file(lab)}
     site_vars.update(extra_vars)
@@ -135,7 +136,7 @@ def main():
     parser = argparse.ArgumentParser(description="Roll out playbooks/site.yml on the lab.")
     sub = parser.add_subparsers(dest="command", required=True)
     site_p = sub.add_parser("site", help="site.yml with a provisioned backend")
-    site_p.add_argument("--backend-type", choices=["redis", "postgresql"], default="redis")
+    site_p.add_argument("--backend-type", choices=["redis", "postgresql", "etcd"], default="redis")
     site_p.add_argument("-e", "--extra-vars", action="append", default=[],
                         help="@FILE of extra variables (YAML or JSON), as ansible-playbook -e")
     args = parser.parse_args()

@@ -75,10 +75,12 @@ def test_inventory(lab):
 def test_baked_packages_install_offline(lab):
     node = lab.group("dlock_nodes")[0]
     r = lab.ssh(node, "apt-get install -y redis-server postgresql chrony prometheus-node-exporter "
-                      "python3-redis python3-psycopg python3-apt")
+                      "python3-redis python3-psycopg python3-apt etcd-server etcd-client python3-etcd3gw")
     assert r.returncode == 0, r.stderr
     assert "0 newly installed" in r.stdout
-    assert lab.ssh(node, "systemctl is-enabled redis-server").stdout.strip() == "disabled"
+    for unit in ("redis-server", "etcd"):
+        assert lab.ssh(node, f"systemctl is-enabled {unit}").stdout.strip() == "disabled", unit
+    assert lab.ssh(node, "test -e /var/lib/etcd/default").returncode == 1  # never started in the image
 
 
 def test_crash_and_start(lab):
@@ -168,6 +170,25 @@ def test_down_removes_everything(lab):
     assert "dlkd-lab" not in open("/proc/self/mountinfo").read()
     other.down()  # idempotent
     assert all(lab.pid(n) for n in lab.nodes)  # the session lab still runs
+
+
+def test_backend_names_and_addresses():
+    """One backend node keeps its old name and address; several are b1.. at .2.."""
+    lab = Lab(prefix="dlkx", subnet="10.77.9")
+    assert [(n["name"], n["group"], n["addr"]) for n in lab._node_list(1, 1)] == [
+        ("dlkx-backend", "dlock_backend", "10.77.9.10"), ("dlkx-n1", "dlock_nodes", "10.77.9.11")]
+    assert [(n["name"], n["addr"]) for n in lab._node_list(2, 3)] == [
+        ("dlkx-b1", "10.77.9.2"), ("dlkx-b2", "10.77.9.3"), ("dlkx-b3", "10.77.9.4"),
+        ("dlkx-n1", "10.77.9.11"), ("dlkx-n2", "10.77.9.12")]
+    assert [n["name"] for n in lab._node_list(1, 0)] == ["dlkx-n1"]
+
+
+@pytest.mark.parametrize("backends", [-1, 9])
+def test_bad_backend_count_is_refused(backends):
+    if os.geteuid() != 0:
+        pytest.skip("up() checks root first")
+    with pytest.raises(LabError, match="--backends must be between 0 and 8"):
+        Lab(prefix="dlkx", subnet="10.77.9").up(nodes=1, backends=backends)
 
 
 @pytest.mark.parametrize("prefix", ["Bad", "toolongprefix", "a-b"])

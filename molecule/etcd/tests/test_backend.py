@@ -1,0 +1,100 @@
+"""The etcd members: one healthy cluster of the three backend nodes, with a
+leader; authentication enforced; the runners' user limited to /dlock/; data
+on disk and the documented settings (pytest-testinfra)."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+
+from fleet_checks import address, secret, ssh_with_stdin  # noqa: E402
+
+testinfra_hosts = ["ansible://dlock_backend"]
+
+SETTINGS = "/etc/default/etcd"
+
+
+def etcdctl(host, user, command, password=None):
+    """etcdctl on the member against its own address; the password, if any,
+    over ssh's stdin to etcdctl's prompt (never on a command line)."""
+    prefix = "etcdctl --endpoints=http://%s:2379 -w json " % address(host)
+    if user:
+        prefix += "--user %s " % user
+    done = ssh_with_stdin(host, prefix + command, password or "")
+    if done.stdout.startswith("Password:"):  # etcdctl prompts on stdout
+        done.stdout = done.stdout.split("\n", 1)[1]
+    return done
+
+
+def as_root(host, command):
+    done = etcdctl(host, "root", command, secret("backend-admin.password"))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def as_runner(host, command):
+    return etcdctl(host, "dlock", command, secret("backend.password"))
+
+
+def test_etcd_runs_with_the_documented_settings(host):
+    assert host.service("etcd").is_running and host.service("etcd").is_enabled
+    conf = host.file(SETTINGS)
+    assert (conf.user, conf.mode) == ("root", 0o644) and conf.content_string.startswith("# Ansible managed")
+    values = dict(line.split("=", 1) for line in conf.content_string.splitlines() if line and line[0] != "#")
+    assert values["ETCD_NAME"] == host.backend.get_hostname()
+    assert values["ETCD_DATA_DIR"] == "/var/lib/etcd/dlock"
+    assert values["ETCD_INITIAL_CLUSTER"] == ",".join(
+        "mle-b%d=http://10.77.6.%d:2380" % (i, i + 1) for i in (1, 2, 3))
+    # What the running etcd was given (its environment: Debian's unit passes no flags).
+    pid = host.check_output("systemctl show -p MainPID --value etcd")
+    environ = host.check_output("tr '\\0' '\\n' < /proc/%s/environ" % pid)
+    for setting in ("ETCD_AUTO_COMPACTION_MODE=revision", "ETCD_AUTO_COMPACTION_RETENTION=10000",
+                    "ETCD_QUOTA_BACKEND_BYTES=2147483648", "ETCD_HEARTBEAT_INTERVAL=100",
+                    "ETCD_ELECTION_TIMEOUT=1000", "ETCD_DATA_DIR=/var/lib/etcd/dlock"):
+        assert setting in environ.splitlines(), setting
+    assert "UNSAFE" not in environ.upper()
+    assert "unsafe" not in host.check_output("ps -o args= -C etcd")
+    data = host.file("/var/lib/etcd/dlock")
+    assert (data.user, data.mode) == ("etcd", 0o700) and host.file("/var/lib/etcd/dlock/member/wal").is_directory
+    listening = host.check_output("ss -Hltn")
+    assert "%s:2379" % address(host) in listening and "0.0.0.0:2379" not in listening and "*:2379" not in listening
+
+
+def test_one_cluster_of_three_with_one_leader(host):
+    members = as_root(host, "member list")["members"]
+    assert sorted(m["name"] for m in members) == ["mle-b1", "mle-b2", "mle-b3"]
+    statuses = as_root(host, "endpoint status --cluster")
+    assert len(statuses) == 3
+    leaders = set(s["Status"]["leader"] for s in statuses)
+    ids = set(s["Status"]["header"]["member_id"] for s in statuses)
+    assert len(leaders) == 1 and leaders <= ids, statuses  # all agree on one leader, a member
+    health = as_root(host, "endpoint health --cluster")
+    assert len(health) == 3 and all(h["health"] for h in health), health
+
+
+def test_no_request_without_authentication(host):
+    for command in ("get /dlock/x", "put /dlock/x 1", "get --prefix /"):
+        done = etcdctl(host, None, command)
+        assert done.returncode != 0 and "user name is empty" in done.stderr, (command, done.stderr)
+    wrong = etcdctl(host, "dlock", "get /dlock/x", "wrong-password-0123456789")
+    assert wrong.returncode != 0 and "authentication failed" in wrong.stderr, wrong.stderr
+
+
+def test_the_runners_user_reaches_only_its_prefix(host):
+    key = "/dlock/molecule-%s" % host.backend.get_hostname()
+    done = as_runner(host, "put %s 1" % key)
+    assert done.returncode == 0, done.stderr
+    assert as_runner(host, "del %s" % key).returncode == 0
+    for command in ("put /other/x 1", "get /other/x", "put /dlockx 1", "put /dlock 1", "get --prefix /",
+                    "user list", "role list", "auth disable"):
+        done = as_runner(host, command)
+        assert done.returncode != 0 and "permission denied" in done.stderr, (command, done.stderr)
+
+
+def test_the_runners_role_holds_one_permission(host):
+    role = as_root(host, "role get dlock")
+    assert [(p.get("permType", 0), p.get("key"), p.get("range_end")) for p in role["perm"]] == [
+        (2, "L2Rsb2NrLw==", "L2Rsb2NrMA==")], role  # READWRITE on [/dlock/, /dlock0): --prefix /dlock/
+    user = as_root(host, "user get dlock")
+    assert user["roles"] == ["dlock"], user

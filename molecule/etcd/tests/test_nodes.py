@@ -1,0 +1,36 @@
+"""The job nodes of the etcd scenario: the runner against all three members
+as the prefix-limited user, metrics, unit hardening, the password in use."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+
+# The shared tests, imported to be collected here.
+from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
+    JOB,
+    secret,
+    test_force_release_works,
+    test_job_unit_exposure,
+    test_password_is_in_use,
+    test_runner_commands_work_with_the_backend,
+    test_textfile_metrics_served_over_http_and_clean,
+)
+
+testinfra_hosts = ["ansible://dlock_nodes"]
+
+
+def test_the_runner_names_every_member(host):
+    config = host.file("/etc/dlock/dlock.json")
+    settings = json.loads(config.content_string)
+    assert settings["backend"] == "etcd://dlock@10.77.6.2:2379,10.77.6.3:2379,10.77.6.4:2379/dlock"
+    assert secret("backend.password") not in config.content_string
+    assert host.package("python3-etcd3gw").is_installed
+
+
+def test_the_sample_job_runs(host):
+    out = host.run("dlock run --job %s", JOB)
+    assert out.rc in (0, 73, 74), out.stderr  # ran, or another node holds it / ran this slot
+    out = host.run("dlock run --job nightly")
+    assert out.rc == 0, out.stderr
