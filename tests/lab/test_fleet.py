@@ -20,6 +20,9 @@ SLOTS = 20
 BACKEND_TYPES = ["redis", "postgresql"]
 
 
+# The tests below come in the order of the backend they need (Redis first,
+# then PostgreSQL): `provisioned` rolls out site.yml (over a minute) only when
+# the backend type changes, so this order costs two rollouts, not four.
 @pytest.fixture(scope="module")
 def provisioned(lab):
     """The nodes rolled out by site.yml with this backend type (no jobs yet),
@@ -111,32 +114,6 @@ def test_missing_backend_fails_preflight_and_writes_nothing(lab):
                             {"dlock_jobs_list": [{"name": "ok", "command": ["true"], "schedule": "hourly"}]}, check=False)
     assert done.returncode != 0 and "no backend" in done.stdout
     assert snapshot(lab) == before
-
-
-def test_missing_postgresql_cluster_is_named_and_nothing_written(lab, provisioned):
-    provisioned("postgresql")
-    host = lab.group("dlock_backend")[0]
-    before = snapshot_all(lab)
-    done = site(lab, "postgresql", {"dlock_jobs_list": [], "dlock_postgresql_cluster": "nosuch"}, check=False)
-    assert done.returncode != 0
-    assert "there is no cluster 15/nosuch on %s" % host in done.stdout, done.stdout[-3000:]
-    assert snapshot_all(lab) == before
-
-
-def test_check_mode_with_the_postgresql_server_stopped(lab, provisioned):
-    """--check cannot ask a stopped server what it would change: it says it
-    would start it, and neither starts it nor fails."""
-    provisioned("postgresql")
-    host = lab.group("dlock_backend")[0]
-    unit = "postgresql@15-main"
-    lab.ssh(host, "systemctl stop %s" % unit, check=True)
-    try:
-        done = site(lab, "postgresql", {"dlock_jobs_list": []}, "--check", check=False)
-        assert done.returncode == 0, done.stdout[-4000:]
-        assert re.search(r"changed: \[%s\]" % re.escape(host), done.stdout), done.stdout[-4000:]
-        assert lab.ssh(host, "systemctl is-active %s" % unit).stdout.strip() == "inactive"
-    finally:
-        lab.ssh(host, "systemctl start %s" % unit, check=True)
 
 
 METRICS_PLAY = """
@@ -233,6 +210,32 @@ def test_every_slot_runs_exactly_once_across_the_fleet(lab, provisioned, backend
                       check=False).stdout
         results = {json.loads(line)["result"] for line in log.splitlines()}
         assert results <= {"success", "skipped_duplicate", "skipped_locked"}, results
+
+
+def test_missing_postgresql_cluster_is_named_and_nothing_written(lab, provisioned):
+    provisioned("postgresql")
+    host = lab.group("dlock_backend")[0]
+    before = snapshot_all(lab)
+    done = site(lab, "postgresql", {"dlock_jobs_list": [], "dlock_postgresql_cluster": "nosuch"}, check=False)
+    assert done.returncode != 0
+    assert "there is no cluster 15/nosuch on %s" % host in done.stdout, done.stdout[-3000:]
+    assert snapshot_all(lab) == before
+
+
+def test_check_mode_with_the_postgresql_server_stopped(lab, provisioned):
+    """--check cannot ask a stopped server what it would change: it says it
+    would start it, and neither starts it nor fails."""
+    provisioned("postgresql")
+    host = lab.group("dlock_backend")[0]
+    unit = "postgresql@15-main"
+    lab.ssh(host, "systemctl stop %s" % unit, check=True)
+    try:
+        done = site(lab, "postgresql", {"dlock_jobs_list": []}, "--check", check=False)
+        assert done.returncode == 0, done.stdout[-4000:]
+        assert re.search(r"changed: \[%s\]" % re.escape(host), done.stdout), done.stdout[-4000:]
+        assert lab.ssh(host, "systemctl is-active %s" % unit).stdout.strip() == "inactive"
+    finally:
+        lab.ssh(host, "systemctl start %s" % unit, check=True)
 
 
 def test_a_backend_node_that_crashed_is_back_in_service_at_once(lab, provisioned):
