@@ -11,7 +11,8 @@ import re
 import time
 
 import pytest
-from rollout import ansible_playbook, jobs, read_password, site, warnings
+from rollout import ansible_playbook, jobs, shape, site, warnings
+from rollout import provisioned as rollout_provisioned
 
 pytestmark = pytest.mark.lab
 
@@ -25,21 +26,9 @@ BACKEND_TYPES = ["redis", "postgresql"]
 # the backend type changes, so this order costs two rollouts, not four.
 @pytest.fixture(scope="module")
 def provisioned(lab):
-    """The nodes rolled out by site.yml with this backend type (no jobs yet),
-    again only when the last rollout was of another type: the dlock_backend
-    value a node of that rollout uses."""
-    done = {}
-    current = []
-
-    def provision(backend_type):
-        if current != [backend_type]:
-            out = site(lab, backend_type, {"dlock_jobs_list": []}).stdout
-            assert "failed=0" in out
-            url = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)
-            done[backend_type] = {"url": url["backend"], "password": read_password(lab)}
-            current[:] = [backend_type]
-        return done[backend_type]
-    return provision
+    """rollout.provisioned on this lab: site.yml with that backend type, again
+    only when the last rollout was another."""
+    return lambda backend_type: rollout_provisioned(lab, backend_type)
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +61,7 @@ def snapshot_all(lab):
 def test_check_mode_on_fresh_hosts_changes_nothing(lab, backend_type):
     """--check of the whole rollout on hosts that have none of it: it reports
     what it would change, and writes, enables and creates nothing."""
-    if not lab.group("dlock_backend"):
-        lab.up(nodes=len(lab.group("dlock_nodes")), backend=True)
+    shape(lab, backend_type)
     if lab.ssh(lab.group("dlock_nodes")[0], "test -e /etc/dlock/dlock.json").returncode == 0:
         pytest.skip("the nodes are not fresh (an earlier rollout on this lab)")
     before = snapshot_all(lab)

@@ -13,7 +13,7 @@ import os
 import subprocess
 
 import pytest
-from rollout import site
+from rollout import shape, site
 
 pytestmark = pytest.mark.lab
 
@@ -45,9 +45,7 @@ def put(lab, host, path, content, owner, mode):
 
 @pytest.mark.parametrize("backend_type", ["redis", "postgresql"])
 def test_runners_reach_the_backend_over_verified_tls_only(lab, tmp_path, backend_type):
-    if not lab.group("dlock_backend"):
-        lab.up(nodes=len(lab.group("dlock_nodes")), backend=True)
-    backend = lab.group("dlock_backend")[0]
+    backend = shape(lab, backend_type)[0]
     address = lab.addr(backend)
     make_certificates(str(tmp_path), address)
     names = ("ca.pem", "server.pem", "server.key", "other.pem")
