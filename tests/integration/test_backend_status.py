@@ -5,10 +5,13 @@ PostgreSQL primary whose synchronous standby goes (seen by a superuser and by
 a role without pg_read_all_stats), Redis and the file backend."""
 
 import json
+import os
 import re
+import subprocess
 import uuid
 
 import pytest
+import yaml
 from runner_proc import last_log, run_dlock, wait_for
 from test_lock_state_metrics import promtool_clean, value
 from test_pg_least_privilege import PASSWORD, provision
@@ -16,6 +19,35 @@ from test_pg_least_privilege import PASSWORD, provision
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
 
 import servers
+
+
+RULES = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "dlock_metrics", "files", "dlock.rules.yml")
+
+
+def alert_selects(text, alert, tmp_path):
+    """How many series the expression of the shipped rule `alert` selects
+    from these real `dlock metrics` samples, as node_exporter would serve
+    them (an instance label added): promtool's promql_expr_test. Ties the
+    rules to the names and labels the engine really writes."""
+    with open(RULES) as handle:
+        expr = [rule["expr"] for group in yaml.safe_load(handle)["groups"] for rule in group["rules"]
+                if rule.get("alert") == alert][0]
+    series = []
+    for line in text.splitlines():
+        match = re.match(r"^(dlock_backend_\w+)(?:\{(.*)\})? (\S+)$", line)
+        if match:
+            labels = (match.group(2) + "," if match.group(2) else "") + 'instance="n1"'
+            series.append({"series": "%s{%s}" % (match.group(1), labels), "values": "%sx5" % match.group(3)})
+    for count in range(4):
+        test = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+            "interval": "1m", "input_series": series, "promql_expr_test": [{
+                "expr": "count(%s) or vector(0)" % expr, "eval_time": "2m",
+                "exp_samples": [{"labels": "{}", "value": count}]}]}]}
+        path = tmp_path / "probe.test.yml"
+        path.write_text(yaml.safe_dump(test))
+        if subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, check=False).returncode == 0:
+            return count
+    raise AssertionError("promtool could not evaluate %s on:\n%s" % (alert, text))
 
 
 @pytest.fixture
@@ -92,6 +124,7 @@ def test_etcd_names_the_member_that_answered_and_sees_the_quorum_go(etcd3, uniqu
     assert value(text, "dlock_backend_cluster_members_healthy") == 0
     assert value(text, "dlock_backend_cluster_leader") == 0
     promtool_clean(text)
+    assert alert_selects(text, "DlockBackendQuorumLost", tmp_path) == 1
 
 
 def test_the_run_log_names_the_etcd_member_that_granted(etcd3, unique_key, tmp_path):
@@ -120,6 +153,7 @@ def test_the_run_log_names_the_etcd_member_that_granted(etcd3, unique_key, tmp_p
     assert value(metrics.stdout, "dlock_backend_cluster_members_healthy") == 2
     assert value(metrics.stdout, "dlock_backend_cluster_leader") == 1
     promtool_clean(metrics.stdout)
+    assert alert_selects(metrics.stdout, "DlockBackendQuorumLost", tmp_path) == 0  # one of three down
 
 
 def test_a_user_limited_to_the_prefix_sees_the_cluster(etcd_auth, unique_key):
@@ -151,6 +185,16 @@ def test_postgresql_shows_the_synchronous_standby_as_far_as_the_role_may(pg_sync
     name = "dlock_st_" + uuid.uuid4().hex[:8]
     provision(pg_sync.primary, name)
     least_url = "postgresql://%s@%s/%s" % (name, primary, name)
+    password = tmp_path / "password"
+    password.write_text(PASSWORD + "\n")
+    (tmp_path / "jobs").mkdir()
+
+    def metrics(url, *flags):
+        done = run_dlock("metrics", "--backend", url, "--jobs-dir", str(tmp_path / "jobs"), "--output", "-", *flags)
+        assert done.returncode == 0, done.stderr
+        promtool_clean(done.stdout)
+        return done.stdout
+
     superuser = replication(pg_sync.primary.url())
     assert superuser["member"] == {"endpoint": primary, "role": "primary"}
     assert superuser["cluster"] == {"primary": True, "synchronous_standby_names": "*", "sync_replication": True,
@@ -158,22 +202,26 @@ def test_postgresql_shows_the_synchronous_standby_as_far_as_the_role_may(pg_sync
     # The role sees the standby's connection, not its sync_state.
     least = replication(least_url, PASSWORD)["cluster"]
     assert (least["sync_replication"], least["standbys_connected"], least["sync_standbys"]) == (True, 1, None)
+    text = metrics(least_url, "--password-file", str(password))
+    assert value(text, "dlock_backend_standbys_connected") == 1 and "dlock_backend_sync_standbys" not in text
+    assert alert_selects(text, "DlockBackendSyncStandbyLost", tmp_path) == 0
+    text = metrics(pg_sync.primary.url())
+    assert value(text, "dlock_backend_sync_standbys") == 1
+    assert alert_selects(text, "DlockBackendSyncStandbyLost", tmp_path) == 0
+
     pg_sync.standby_down()
     assert replication(pg_sync.primary.url())["cluster"]["sync_standbys"] == 0
     least = replication(least_url, PASSWORD)["cluster"]
     assert (least["sync_replication"], least["standbys_connected"], least["sync_standbys"]) == (True, 0, None)
-
-    metrics = run_dlock("metrics", "--backend", pg_sync.primary.url(), "--jobs-dir", str(tmp_path), "--output", "-")
-    assert metrics.returncode == 0, metrics.stderr
-    text = metrics.stdout
+    text = metrics(pg_sync.primary.url())
     assert value(text, r'dlock_backend_info\{backend="postgresql",member="%s",member_role="primary"\}'
                  % re.escape(primary)) == 1
     assert value(text, "dlock_backend_sync_replication_enabled") == 1
     assert value(text, "dlock_backend_standbys_connected") == 0
     assert value(text, "dlock_backend_sync_standbys") == 0
-    promtool_clean(text)
-    password = tmp_path / "password"
-    password.write_text(PASSWORD + "\n")
+    assert alert_selects(text, "DlockBackendSyncStandbyLost", tmp_path) == 1
+    text = metrics(least_url, "--password-file", str(password))
+    assert alert_selects(text, "DlockBackendSyncStandbyLost", tmp_path) == 1
     status = run_dlock("status", "--key", "replication-probe", "--backend", least_url, "--password-file", str(password))
     assert status.returncode == 0, status.stderr
     assert "backend: postgresql, answered by %s (primary)" % primary in status.stdout
