@@ -58,6 +58,10 @@ class FileBackend(Backend):
     def server_time(self):
         return time.time()
 
+    def describe(self, cluster=False):
+        """This host's lock directory: the only "server" there is."""
+        return {"backend": self.name, "member": {"endpoint": self.directory}, "cluster": None}
+
     def acquire(self, key, owner, ttl, slot=None):
         try:
             # exist_ok: runners started together race to create it.

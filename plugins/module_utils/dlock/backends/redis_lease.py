@@ -13,7 +13,7 @@ import json
 
 from ..errors import AuthError, BackendError, MissingDriver
 from ..validate import MAX_DURATION
-from .base import Backend, Grant, Holder, lease_ms
+from .base import Backend, Grant, Holder, endpoint, lease_ms
 
 try:
     import redis
@@ -172,6 +172,11 @@ class RedisBackend(Backend):
             last=json.loads(last_json) if last_json else None,
             server_time=sec + usec / 1e6,
         )
+
+    def describe(self, cluster=False):
+        """The one server of the URL (a lock never runs on Redis replicas)."""
+        kwargs = self.client.connection_pool.connection_kwargs
+        return {"backend": self.name, "member": {"endpoint": endpoint(kwargs["host"], kwargs["port"])}, "cluster": None}
 
     def close(self):
         self.client.close()
