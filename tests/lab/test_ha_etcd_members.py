@@ -47,7 +47,9 @@ def members(lab, on):
 def grant_fence(lab):
     """A grant on the first job node: the fence it got (from the run's log line)."""
     node = lab.group("dlock_nodes")[0]
-    done = lab.ssh(node, "dlock run --job %s -- true" % PROBE)
+    # A generous op_timeout: this checks membership, not latency, and a write
+    # that a majority fsyncs can take over the default 2 s on a loaded lab host.
+    done = lab.ssh(node, "dlock run --job %s --op-timeout 6s -- true" % PROBE)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     fences = [line["fence"] for line in lines if "fence" in line]
