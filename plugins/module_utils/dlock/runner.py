@@ -16,7 +16,7 @@ from . import clock, report
 from .backends import Slot, open_backend
 from .backoff import backoff_cap, backoff_delay
 from .child import Child, exit_status
-from .deadline import LeaseDeadline
+from .deadline import LeaseDeadline, now
 from .errors import BackendError, ClockUnsafe, DlockError
 from .heartbeat import Heartbeat
 from .slots import marker_ttl, run_id, slot_number
@@ -33,12 +33,12 @@ def new_owner(prefix=None):
 
 
 def acquire(backend, key, owner, options, slot):
-    """(grant, attempts, monotonic time the granting request was sent)."""
+    """(grant, attempts, deadline.now() when the granting request was sent)."""
     give_up_at = time.monotonic() + (options.wait_timeout if options.on_contention == "wait" else 0)
     attempt = 0
     while True:
         attempt += 1
-        sent = time.monotonic()
+        sent = now()
         grant = backend.acquire(key, owner, options.ttl, slot)
         if grant.status != "locked" or options.on_contention == "skip":
             return grant, attempt, sent
@@ -104,7 +104,8 @@ class Runner(object):
 
         fence = grant.fence
         self.record.update(fence=fence, run_id=run_id(self.s.job, slot and slot.number, self.o.once_per, fence))
-        self.gauges.update(dlock_fencing_token=fence, dlock_lock_held=1, dlock_lock_age_seconds=0)
+        self.gauges.update(dlock_fencing_token=fence, dlock_lock_held=1, dlock_lock_age_seconds=0,
+                           dlock_lease_overrun_seconds=0)
         try:
             self._write_metrics(None, None, None)
             deadline = LeaseDeadline(self.o.ttl, self.o.margin, self.o.kill_grace, sent)
@@ -143,12 +144,16 @@ class Runner(object):
             return None
 
     def _supervise(self, backend, deadline):
+        if now() >= deadline.terminate_at:  # a pause or a slow grant ate the lease before the job started
+            self.record["reason"] = "the lease could expire before the job started; it was not started"
+            return self._exit("lock_lost"), "lock_lost"
         child = self._spawn(self._job_env(self.record["fence"], self.owner))
         if child is None:
             return 127, "failed"
         wake_r, wake_w = os.pipe()
         heartbeat = Heartbeat(backend, self.s.key, self.owner, self.o, deadline, wake_w)
         previous = self._forward_signals(child)
+        self.record["containment"] = child.containment
         heartbeat.start()
         try:
             returncode, reason = self._watch(child, deadline, heartbeat, wake_r)
@@ -158,12 +163,17 @@ class Runner(object):
             child.close()
             os.close(wake_r)
             os.close(wake_w)
-        # Leftovers of the job (background processes) must not outlive the lock.
-        if child.signal_group(signal.SIGKILL):
-            self.record["leftovers"] = "killed the job's remaining processes"
+        self._note_leftovers(child)
         self.record["renewals"] = heartbeat.renewals
         if heartbeat.last_error:
             self.record["renew_error"] = heartbeat.last_error
+        overrun = self.gauges.get("dlock_lease_overrun_seconds")
+        if overrun:
+            self.record.update(lease_overrun_ms=int(overrun * 1000), reason=(
+                "the runner was not running (stopped, paused) when its lease could expire: the job ran unsupervised "
+                "up to %.3fs past the lease's earliest expiry; the job's status (%d) is not the run's result"
+                % (overrun, exit_status(returncode))))
+            return self._exit("lock_lost"), "lock_lost"
         if reason == "lock_lost" or heartbeat.lost:
             self.record["reason"] = heartbeat.lost or "could not renew before the lease deadline"
             return self._exit("lock_lost"), "lock_lost"
@@ -174,33 +184,67 @@ class Runner(object):
         code = exit_status(returncode)
         return code, "success" if code == 0 else "failed"
 
+    def _missed(self, deadline, killed):
+        """True when, not having killed the job, we find ourselves past the
+        lease's earliest expiry: we were not running when the kill was due
+        (SIGSTOP, a frozen VM), so the job ran unsupervised. The overrun goes
+        to the log and the metrics, and the run is lock_lost whatever the job did."""
+        overrun = deadline.overrun(now())
+        if killed or overrun <= 0:
+            return False
+        self.gauges["dlock_lease_overrun_seconds"] = round(overrun, 3)
+        return True
+
     def _watch(self, child, deadline, heartbeat, wake_fd):
         """Wait for the job; terminate it on lock loss or max_runtime, and always
         SIGKILL it before the lease can expire. Returns (returncode, reason)."""
-        start = time.monotonic()
+        start = now()
         runtime_end = start + self.o.max_runtime if self.o.max_runtime else float("inf")
         reason, kill_at, killed = None, None, False
         while True:
-            now = time.monotonic()
+            if self._missed(deadline, killed):
+                reason, killed = "lock_lost", True
+                child.kill()
+            current = now()
             if reason is None:
-                if heartbeat.lost or now >= deadline.terminate_at:
+                if heartbeat.lost or current >= deadline.terminate_at:
                     reason = "lock_lost"
-                elif now >= runtime_end:
+                elif current >= runtime_end:
                     reason = "max_runtime"
                 if reason is not None:
                     child.signal_group(signal.SIGTERM)
-                    kill_at = now + self.o.kill_grace
+                    kill_at = current + self.o.kill_grace
             if reason is not None:
                 # Never let the job outlive the lease, whatever started the stop.
-                kill_at = min(kill_at, deadline.kill_by)
-                if now >= kill_at and not killed:
-                    child.signal_group(signal.SIGKILL)
+                kill_at = min(kill_at or deadline.kill_by, deadline.kill_by)
+                if current >= kill_at and not killed:
+                    child.kill()
                     killed = True
             events = [deadline.terminate_at, runtime_end] + ([kill_at] if kill_at and not killed else [])
-            timeout = min(min(events) - now, 1.0)
+            timeout = min(min(events) - current, 1.0)
             returncode = child.wait(timeout, wake_fd)
+            # The clock before the job's status: a job that ended while we were
+            # stopped may have outlived the lease.
+            if self._missed(deadline, killed):
+                return returncode if returncode is not None else self._reap_killed(child), "lock_lost"
             if returncode is not None:
                 return returncode, reason
+
+    @staticmethod
+    def _reap_killed(child):
+        child.kill()
+        returncode = None
+        while returncode is None:
+            returncode = child.wait(1.0)
+        return returncode
+
+    def _note_leftovers(self, child):
+        # What the job left behind (background processes) was killed by its
+        # guard before the run's end: nothing of it outlives the lock.
+        if child.leftovers:
+            self.record["leftovers"] = "killed %d remaining process(es) of the job" % child.leftovers
+        if child.trouble:
+            self.record["guard"] = child.trouble
 
     @staticmethod
     def _forward_signals(child):
@@ -229,6 +273,7 @@ class Runner(object):
         finally:
             self._restore_signals(previous)
             child.close()
+        self._note_leftovers(child)
         code = exit_status(returncode)
         return code, "success" if code == 0 else "failed"
 
