@@ -89,11 +89,13 @@ class Runner(object):
         clock.check_offset(offset, rtt, self.o.max_clock_skew)
         slot = None
         if self.o.once_per:
+            # An estimate: the backend decides the slot on its clock at grant time.
             number = slot_number(time.time() + offset, self.o.once_per)
-            slot = Slot(number, marker_ttl(self.o.once_per))
-            self.record["slot"] = number
+            slot = Slot(number, marker_ttl(self.o.once_per), self.o.once_per)
         asked = time.monotonic()
         grant, attempts, sent = acquire(backend, self.s.key, self.owner, self.o, slot)
+        if slot is not None:
+            self.record["slot"] = slot.number
         self.record.update(attempt=attempts, wait_ms=int((time.monotonic() - asked) * 1000))
         self.gauges["dlock_lock_wait_seconds"] = round(time.monotonic() - asked, 3)
         if not grant.granted:
