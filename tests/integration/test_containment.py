@@ -117,3 +117,38 @@ def test_what_a_finished_job_left_behind_is_killed_and_reported(containment, uni
     pids = set(r["pid"] for r in lines(ledger))
     assert len(pids) == 1 and not any(_alive(pid) for pid in pids)
     assert not os.path.exists(_job_cgroup(runner.pid))
+
+
+def _children(pid):
+    with open("/proc/%d/task/%d/children" % (pid, pid)) as handle:
+        return [int(word) for word in handle.read().split()]
+
+
+@pytest.mark.parametrize("containment,script", [
+    pytest.param("cgroup", "double-fork", marks=CONTAINMENTS[0].marks),
+    pytest.param("cgroup", "grandchild", marks=CONTAINMENTS[0].marks),
+    ("guard", "grandchild"),
+])
+def test_a_killed_guard_leaves_the_runner_to_end_the_job(containment, script, unique_key, tmp_path):
+    """Without the guard, the runner kills the job's process group, and the
+    job's cgroup where there is one (a setsid escape without a cgroup is the
+    case the README lists as not covered)."""
+    ledger = str(tmp_path / "ledger")
+    runner = start_dlock("run", "--job", "contain", "--key", unique_key, "--backend", "file://%s" % (tmp_path / "locks"),
+                         "--", "/bin/sh", "-c", SCRIPTS[script].format(job=JOB, L=ledger), env=_env(containment))
+    try:
+        wait_for(lambda: len(set(r["pid"] for r in lines(ledger))) == 2 or runner.poll() is not None, 20,
+                 "both processes of the job to write")
+        pids = set(r["pid"] for r in lines(ledger))
+        (guard,) = _children(runner.pid)
+        os.kill(guard, signal.SIGKILL)
+        stderr = runner.communicate(timeout=30)[1]
+        wait_for(lambda: not any(_alive(pid) for pid in pids), 10, "every process of the job to end")
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(10)
+    log = last_log(stderr)
+    assert (runner.returncode, log["result"]) == (137, "failed"), stderr
+    assert "guard" in log["guard"] and "died" in log["guard"]
+    assert not os.path.exists(_job_cgroup(runner.pid))

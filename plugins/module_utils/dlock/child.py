@@ -160,14 +160,14 @@ def _kill_tree(job_pid, cgroup, wake_r, status):
     with no child has no descendant at all (orphans come to it), so the
     common case costs one waitpid, no /proc scan. (job status, processes killed)."""
     killed = set()
-    if cgroup:
-        kill_cgroup(cgroup)
     deadline = now() + KILL_SECONDS
     while True:
         left, job_status = _reap(job_pid)
         status = job_status if job_status is not None else status
         if not left or now() > deadline:
             break
+        if cgroup and not killed:
+            kill_cgroup(cgroup)  # first, atomically; the walk below catches what left the cgroup
         for pid in _descendants(os.getpid()):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -338,7 +338,7 @@ class Child(object):
 
     def _finish(self, reaped=False):
         """After the guard: the cgroup it left (it was killed), and our pipes."""
-        if self.cgroup:
+        if self.cgroup and not remove_cgroup(self.cgroup):  # the guard removes it, unless it was killed
             kill_cgroup(self.cgroup)
             for _attempt in range(100):
                 if remove_cgroup(self.cgroup):
