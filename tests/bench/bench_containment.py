@@ -26,8 +26,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
-sys.path[:0] = [os.path.join(ROOT, "tests"), MODULE_UTILS]
+sys.path[:0] = [HERE, os.path.join(ROOT, "tests"), MODULE_UTILS]
 
+from bench_lock import timed_calls as medians  # noqa: E402
 from dlock import child  # noqa: E402
 from runner_proc import dlock_argv, runner_env  # noqa: E402
 
@@ -47,16 +48,6 @@ def _guarded(cgroup):
             pass
         job.close()
     return run
-
-
-def medians(contenders, rounds):
-    samples = dict((name, []) for name in contenders)
-    for _round in range(rounds):
-        for name, call in contenders.items():
-            start = time.perf_counter()
-            call()
-            samples[name].append(time.perf_counter() - start)
-    return dict((name, statistics.median(values)) for name, values in samples.items())
 
 
 def _command(argv, env):
