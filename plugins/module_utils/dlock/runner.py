@@ -139,22 +139,38 @@ class Runner(object):
         return env
 
     def _spawn(self, env):
+        """(the job, the signal handlers it replaced), or (None, None).
+
+        SIGTERM, SIGINT and SIGHUP are forwarded from before the job starts:
+        one that comes while it starts is held and passed on once it runs
+        (unhandled, it would end the runner, and the job with it)."""
+        started, pending = [], []
+
+        def forward(signum, _frame):
+            if started:
+                started[0].signal_group(signum)
+            else:
+                pending.append(signum)
+        previous = dict((sig, signal.signal(sig, forward)) for sig in FORWARDED_SIGNALS)
         try:
-            return Child(self.s.command, env, self.s.working_directory)
+            started.append(Child(self.s.command, env, self.s.working_directory))
         except (OSError, ValueError) as exc:
+            self._restore_signals(previous)
             self.record["error"] = "cannot start %s: %s" % (shown(self.s.command[0]), getattr(exc, "strerror", None) or exc)
-            return None
+            return None, None
+        for signum in pending:
+            started[0].signal_group(signum)
+        return started[0], previous
 
     def _supervise(self, backend, deadline):
         if now() >= deadline.terminate_at:  # a pause or a slow grant ate the lease before the job started
             self.record["reason"] = "the lease could expire before the job started; it was not started"
             return self._exit("lock_lost"), "lock_lost"
-        child = self._spawn(self._job_env(self.record["fence"], self.owner))
+        child, previous = self._spawn(self._job_env(self.record["fence"], self.owner))
         if child is None:
             return 127, "failed"
         wake_r, wake_w = os.pipe()
         heartbeat = Heartbeat(backend, self.s.key, self.owner, self.o, deadline, wake_w)
-        previous = self._forward_signals(child)
         self.record["containment"] = child.containment
         heartbeat.start()
         try:
@@ -249,12 +265,6 @@ class Runner(object):
             self.record["guard"] = child.trouble
 
     @staticmethod
-    def _forward_signals(child):
-        def forward(signum, _frame):
-            child.signal_group(signum)
-        return dict((sig, signal.signal(sig, forward)) for sig in FORWARDED_SIGNALS)
-
-    @staticmethod
     def _restore_signals(previous):
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -263,10 +273,9 @@ class Runner(object):
     def _unlocked_run(self, exc):
         """fail_open: run without any lock, and say so loudly."""
         self.record.update(fail_open=True, warning="ran WITHOUT a lock (fail_open): %s" % exc)
-        child = self._spawn(self._job_env(None, ""))
+        child, previous = self._spawn(self._job_env(None, ""))
         if child is None:
             return 127, "failed"
-        previous = self._forward_signals(child)
         try:
             while True:
                 returncode = child.wait(1.0)
