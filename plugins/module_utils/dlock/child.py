@@ -221,13 +221,12 @@ def _job_preexec(guard_pid, cgroup, prctl):
     return preexec
 
 
-def _guard(argv, env, cwd, cgroup, life_r, report_w):
+def _guard(argv, env, cwd, cgroup, prctl, life_r, report_w):
     """Start the job, wait for it or for the runner's end, kill what is left,
     report "exit STATUS KILLED". Never returns: os._exit, so nothing of the
     runner's state (buffers, atexit) runs twice."""
     try:
         os.setsid()
-        prctl = _prctl()
         if prctl is not None:
             prctl(PR_SET_CHILD_SUBREAPER, 1)
         wake_r, wake_w = os.pipe()
@@ -273,13 +272,14 @@ class Child(object):
 
     def __init__(self, argv, env, cwd=None):
         self.cgroup = make_cgroup()
+        prctl = _prctl()  # imports ctypes here, not in the forked guard
         life_r, life_w = os.pipe()
         report_r, report_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(life_w)
             os.close(report_r)
-            _guard(argv, env, cwd, self.cgroup, life_r, report_w)
+            _guard(argv, env, cwd, self.cgroup, prctl, life_r, report_w)
         os.close(life_r)
         os.close(report_w)
         self.pid, self._life, self._report = pid, life_w, os.fdopen(report_r, "rb")
