@@ -5,6 +5,8 @@
   fenced LEDGER             every 50ms try a write to a fencing-token ledger until killed
   env FILE                  dump the DLOCK_* environment as JSON
   trap FILE                 on SIGTERM write "TERM" to FILE and exit 0 after 0.2s
+  phases FILE SECONDS       append {"phase": "start"}, sleep SECONDS, append {"phase": "end"}, exit 0
+  pidbeat FILE              append {"pid", "t"} every 20ms until killed (a process of a job's tree)
 """
 
 import fcntl
@@ -43,6 +45,14 @@ def main(mode, path, *rest):
     elif mode == "beat":
         while True:
             append(path, {"t": time.time()})
+            time.sleep(0.02)
+    elif mode == "phases":
+        append(path, {"phase": "start", "pid": os.getpid()})
+        time.sleep(float(rest[0]))
+        append(path, {"phase": "end", "pid": os.getpid()})
+    elif mode == "pidbeat":
+        while True:
+            append(path, {"pid": os.getpid(), "t": time.time()})
             time.sleep(0.02)
     elif mode == "fenced":
         while True:

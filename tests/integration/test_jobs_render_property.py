@@ -154,6 +154,8 @@ def test_every_accepted_entry_renders_exactly_what_was_meant(render, tmp_path_fa
         assert dict(svc)["User"] == expected["User"]
         assert dict(svc).get("Group") == expected["Group"]
         assert [v for k, v in svc if k == "ExecStart"] == ["/bin/true run --job %s" % job["name"]]
+        # The unit's cgroup is the job's outer containment: stopping the unit kills every process of it.
+        assert [v for k, v in svc if k == "KillMode"] == ["control-group"]
         assert dict(timer["Timer"])["OnCalendar"] == expected["OnCalendar"]
         for key, value in entry.get("unit_settings", {}).items():
             assert (key, value) in svc
@@ -170,6 +172,7 @@ def test_every_accepted_entry_renders_exactly_what_was_meant(render, tmp_path_fa
 @pytest.mark.parametrize("settings_, message", [
     ({"ExecStartPre": "/bin/id"}, "is set by the role and cannot be overridden"),
     ({"User": "root"}, "is set by the role and cannot be overridden"),
+    ({"KillMode": "process"}, "is set by the role and cannot be overridden"),
     ({"Foo\nBar": "1"}, "holds a control character"),
     ({"MemoryMax": "1G\nExecStartPre=/bin/id"}, "holds a control character"),
 ])

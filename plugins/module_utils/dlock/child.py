@@ -1,8 +1,26 @@
-"""The job's process: its own process group, killed with the runner.
+"""The job's processes: the whole tree ends with the run, however the runner ends.
 
-The job runs in a new session so the runner can signal it and everything it
-started as a group. PR_SET_PDEATHSIG makes the kernel SIGKILL the job when the
-runner dies, so a crashed runner never leaves an unlocked job behind.
+    runner ── guard (own session, child subreaper) ── job (own process group) ── ...
+
+The runner forks a guard (a copy of itself, no new interpreter: ~1ms), which
+starts the job and waits for it. PR_SET_PDEATHSIG reaches only a direct
+child, so it cannot protect a shell's children; the guard can:
+- it is a child subreaper (PR_SET_CHILD_SUBREAPER), so whatever the job
+  leaves behind (a background process, a double fork, a `setsid` escape
+  from the job's process group or session) is re-parented to it, not to
+  init: every process the job started stays a descendant of the guard;
+- it holds the read end of a pipe whose only write end is the runner's:
+  end of file means the runner is gone, whatever ended it (SIGKILL, a crash,
+  the OOM killer), so the guard then kills all its descendants and exits;
+- when the job ends by itself, the guard kills what the job left behind
+  before it reports the job's status, so nothing of a run outlives its lease;
+- the job gets PR_SET_PDEATHSIG=SIGKILL towards the guard, in case the
+  guard itself is killed.
+Where the runner may create a cgroup v2 below its own (root on a cgroup2
+mount; a systemd unit with Delegate=yes), the job runs in a cgroup of its
+own, and the guard kills it with cgroup.kill (kernel >= 5.14): atomic, no
+race with a job that forks while it is being killed, and the runner uses it
+too when the guard itself died. DLOCK_CGROUP=off turns the cgroup off.
 """
 
 import os
@@ -10,23 +28,15 @@ import select
 import signal
 import subprocess
 
+from .deadline import now
+
 PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent():
-    """preexec_fn for Popen; prctl is looked up here, before the fork."""
-    try:
-        import ctypes
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (ImportError, OSError, AttributeError):
-        return None  # not Linux: systemd's cgroup kill still covers the service case
-    parent_pid = os.getpid()
-
-    def preexec():
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent_pid:  # the runner died before prctl took effect
-            os._exit(1)
-    return preexec
+PR_SET_CHILD_SUBREAPER = 36
+# Bound of the guard's killing (a fork bomb outside a cgroup can keep it busy).
+KILL_SECONDS = 5.0
+# Signals the guard survives: they are for the job (the runner forwards them to
+# its group; systemd sends SIGTERM to every process of the unit).
+IGNORED_BY_GUARD = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def exit_status(returncode):
@@ -34,36 +44,319 @@ def exit_status(returncode):
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _returncode(status):
+    """A wait status as Popen.returncode: -N when killed by signal N."""
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _prctl():
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None  # not Linux: no subreaper, no parent-death signal
+
+
+# -- cgroup v2 ------------------------------------------------------------------
+def _own_cgroup():
+    """Directory of this process's cgroup v2, or None (no cgroup2 mount, or v1 only)."""
+    try:
+        with open("/proc/self/cgroup") as handle:
+            path = next((line[3:].rstrip("\n") for line in handle if line.startswith("0::")), None)
+        with open("/proc/self/mountinfo") as handle:
+            # fields: ... mount point (5th) ... " - " fstype source options
+            mounts = [line.split()[4] for line in handle if " - cgroup2 " in line]
+    except (IOError, OSError):
+        return None
+    if path is None or not mounts or not path.startswith("/"):
+        return None
+    return mounts[0] + path.rstrip("/")
+
+
+def make_cgroup():
+    """A new, empty cgroup v2 for one job below the runner's own, or None
+    where that is not ours to make (read-only or foreign hierarchy, cgroup v1
+    only, a kernel without cgroup.kill, DLOCK_CGROUP=off)."""
+    if os.environ.get("DLOCK_CGROUP", "auto") == "off":
+        return None
+    base = _own_cgroup()
+    if base is None or not os.access(os.path.join(base, "cgroup.procs"), os.W_OK):
+        return None
+    path = os.path.join(base, "dlock-job-%d" % os.getpid())
+    try:
+        os.mkdir(path)
+    except OSError:
+        return None
+    if not os.path.exists(os.path.join(path, "cgroup.kill")):
+        remove_cgroup(path)
+        return None
+    return path
+
+
+def kill_cgroup(path):
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w") as handle:
+            handle.write("1")
+    except (IOError, OSError):
+        pass
+
+
+def remove_cgroup(path):
+    """rmdir once empty: True when it is gone."""
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def _in_cgroup(pid, path):
+    try:
+        with open("/proc/%d/cgroup" % pid) as handle:
+            return any(line.startswith("0::") and path.endswith(line[3:].rstrip("\n")) for line in handle)
+    except (IOError, OSError):
+        return False
+
+
+# -- the guard (runs in the forked child, never returns) ----------------------------
+def _descendants(root):
+    """pids of every process below root (from /proc), zombies included."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as handle:
+                ppid = int(handle.read().rsplit(b")", 1)[1].split()[1])
+        except (IOError, OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
+def _reap(job_pid):
+    """Reap exited children. (has children left, the job's wait status or None)."""
+    status = None
+    while True:
+        try:
+            pid, raw = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False, status
+        if pid == 0:
+            return True, status
+        if pid == job_pid:
+            status = raw
+
+
+def _kill_tree(job_pid, cgroup, wake_r, status):
+    """SIGKILL everything below the guard until nothing is left. A subreaper
+    with no child has no descendant at all (orphans come to it), so the
+    common case costs one waitpid, no /proc scan. (job status, processes killed)."""
+    killed = set()
+    deadline = now() + KILL_SECONDS
+    while True:
+        left, job_status = _reap(job_pid)
+        status = job_status if job_status is not None else status
+        if not left or now() > deadline:
+            break
+        if cgroup and not killed:
+            kill_cgroup(cgroup)  # first, atomically; the walk below catches what left the cgroup
+        for pid in _descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except OSError:
+                pass
+        select.select([wake_r], [], [], 0.01)  # SIGCHLD wakes it
+        _drain(wake_r)
+    killed.discard(job_pid)
+    return status, len(killed)
+
+
+def _drain(fd):
+    try:
+        while os.read(fd, 512):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
+
+
+def _send(fd, text):
+    try:
+        os.write(fd, (text + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass  # the runner is gone
+
+
+def _close_inherited(keep):
+    """Drop the runner's descriptors (backend sockets, a flock'd file): the
+    guard never uses them and must not keep a connection or lock alive."""
+    for fd in sorted(set(int(name) for name in os.listdir("/proc/self/fd")) - set(keep) - {0, 1, 2}):
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # the directory's own descriptor, already closed
+
+
+def _job_preexec(guard_pid, cgroup, prctl):
+    def preexec():
+        os.setpgid(0, 0)
+        if cgroup:
+            try:
+                with open(os.path.join(cgroup, "cgroup.procs"), "w") as handle:
+                    handle.write("0")
+            except (IOError, OSError):
+                pass  # the guard sees it (_in_cgroup) and the run is guarded only
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != guard_pid:  # the guard died before prctl took effect
+                os._exit(1)
+    return preexec
+
+
+def _guard(argv, env, cwd, cgroup, prctl, life_r, report_w):
+    """Start the job, wait for it or for the runner's end, kill what is left,
+    report "exit STATUS KILLED". Never returns: os._exit, so nothing of the
+    runner's state (buffers, atexit) runs twice."""
+    try:
+        os.setsid()
+        if prctl is not None:
+            prctl(PR_SET_CHILD_SUBREAPER, 1)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        _close_inherited((life_r, report_w, wake_r, wake_w))
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, _ignore)
+        for signum in IGNORED_BY_GUARD:
+            signal.signal(signum, _ignore)  # a handler, not SIG_IGN: exec resets it for the job
+        try:
+            job = subprocess.Popen(argv, env=env, cwd=cwd, preexec_fn=_job_preexec(os.getpid(), cgroup, prctl))
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            _send(report_w, "error %d %s" % (getattr(exc, "errno", None) or 0,
+                                             getattr(exc, "strerror", None) or exc))
+            os._exit(0)
+        contained = "cgroup" if cgroup and _in_cgroup(job.pid, cgroup) else "guard"
+        _send(report_w, "started %d %s" % (job.pid, contained))
+        status = None
+        while status is None:
+            readable = select.select([life_r, wake_r], [], [])[0]
+            _drain(wake_r)
+            status = _reap(job.pid)[1]
+            if life_r in readable and not os.read(life_r, 1):
+                break  # the runner is gone, or ended the run: kill everything
+        status, killed = _kill_tree(job.pid, cgroup, wake_r, status)
+        if cgroup:
+            remove_cgroup(cgroup)
+        _send(report_w, "exit %d %d" % (-1 if status is None else status, killed))
+    except BaseException:  # the job dies with us (its PDEATHSIG); the runner kills the rest
+        os._exit(1)
+    os._exit(0)
+
+
+def _ignore(_signum, _frame):
+    pass
+
+
+# -- the runner's side ------------------------------------------------------------
 class Child(object):
+    """The job as the runner sees it: started under a guard, signalled as a
+    process group, waited for through the guard."""
+
     def __init__(self, argv, env, cwd=None):
-        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True,
-                                     preexec_fn=_die_with_parent())
-        self.pid = self.proc.pid
+        self.cgroup = make_cgroup()
+        prctl = _prctl()  # imports ctypes here, not in the forked guard
+        life_r, life_w = os.pipe()
+        report_r, report_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(life_w)
+            os.close(report_r)
+            _guard(argv, env, cwd, self.cgroup, prctl, life_r, report_w)
+        os.close(life_r)
+        os.close(report_w)
+        self.pid, self._life, self._report = pid, life_w, os.fdopen(report_r, "rb")
+        self.returncode = None
+        self.leftovers = 0
+        self.trouble = None
+        words = self._report.readline().decode("utf-8", "replace").rstrip("\n").split(" ", 2)
+        if words[0] != "started":
+            self._finish()
+            if words[0] == "error":
+                raise OSError(int(words[1]), words[2])
+            raise OSError(0, "the job's guard died before starting it")
+        self.job_pid, self.containment = int(words[1]), words[2]
         try:
             self._pidfd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
             self._pidfd = None  # Python < 3.9 or kernel < 5.3: poll instead
 
     def signal_group(self, signum):
-        """Signal the job's whole process group; False when none of it is left."""
+        """Signal the job's process group; False when none of it is left."""
         try:
-            os.killpg(self.pid, signum)
+            os.killpg(self.job_pid, signum)
             return True
         except (ProcessLookupError, PermissionError):
             return False
 
+    def kill(self):
+        """SIGKILL the job's group now, and have the guard kill all the rest."""
+        self.signal_group(signal.SIGKILL)
+        if self._life is not None:
+            os.close(self._life)
+            self._life = None
+
     def wait(self, timeout, wake_fd=None):
-        """The return code, or None when `timeout` passes or wake_fd becomes readable."""
+        """The job's return code once the guard has reported it (everything
+        of the job is gone then), or None when `timeout` passes or wake_fd
+        becomes readable."""
+        if self.returncode is not None:
+            return self.returncode
         if self._pidfd is None:
-            try:
-                return self.proc.wait(timeout=min(timeout, 0.05))
-            except subprocess.TimeoutExpired:
-                return None
-        fds = [self._pidfd] + ([wake_fd] if wake_fd is not None else [])
-        select.select(fds, [], [], max(0.0, timeout))
-        return self.proc.poll()
+            select.select([wake_fd] if wake_fd is not None else [], [], [], max(0.0, min(timeout, 0.05)))
+        else:
+            select.select([self._pidfd] + ([wake_fd] if wake_fd is not None else []), [], [], max(0.0, timeout))
+        if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
+            return None
+        words = self._report.readline().decode("utf-8", "replace").split()
+        if len(words) == 3 and words[0] == "exit" and words[1] != "-1":
+            self.returncode, self.leftovers = _returncode(int(words[1])), int(words[2])
+        else:
+            # The guard was killed: its job died with it (PDEATHSIG); the rest is ours.
+            self.trouble = "the job's guard (pid %d) died; its processes were killed" % self.pid
+            self.signal_group(signal.SIGKILL)
+            self.returncode = -signal.SIGKILL
+        self._finish(reaped=True)
+        return self.returncode
+
+    def _finish(self, reaped=False):
+        """After the guard: the cgroup it left (it was killed), and our pipes."""
+        if self.cgroup and not remove_cgroup(self.cgroup):  # the guard removes it, unless it was killed
+            kill_cgroup(self.cgroup)
+            for _attempt in range(100):
+                if remove_cgroup(self.cgroup):
+                    break
+                select.select([], [], [], 0.01)
+        if self._life is not None:
+            os.close(self._life)
+            self._life = None
+        if not reaped:
+            os.waitpid(self.pid, 0)
 
     def close(self):
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
+        if self._life is not None:
+            os.close(self._life)
+            self._life = None
+        if self._report is not None:
+            self._report.close()
+            self._report = None

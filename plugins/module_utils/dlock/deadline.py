@@ -1,12 +1,29 @@
-"""When a holder must have stopped its job, on the monotonic clock.
+"""When a holder must have stopped its job, on CLOCK_BOOTTIME.
 
-A lease granted or renewed by a request sent at local monotonic time S
-cannot expire on the backend before S + ttl (the backend starts counting
-after it receives the request). We keep that lower bound, less a margin for
-clock-rate differences, and kill the job strictly before it:
+A lease granted or renewed by a request sent at local time S cannot expire
+on the backend before S + ttl (the backend starts counting after it
+receives the request). We keep that lower bound, less a margin for
+clock-rate differences and for the scheduling of the kill, and kill the
+job strictly before it:
     SIGTERM at  expires - margin - kill_grace
     SIGKILL at  expires - margin
+
+The clock is CLOCK_BOOTTIME: it keeps counting through a suspend of the
+machine, as the backend's TTL does; CLOCK_MONOTONIC (time.monotonic() on
+Linux) stops then, and a deadline on it would be passed late by the whole
+suspend. Any pause of the runner itself (SIGSTOP, a frozen VM) shows on
+both; the runner checks the deadline again each time it wakes (overrun()).
 """
+
+import time
+
+try:
+    _BOOTTIME = time.CLOCK_BOOTTIME
+
+    def now():
+        return time.clock_gettime(_BOOTTIME)
+except AttributeError:  # not Linux
+    now = time.monotonic
 
 
 class LeaseDeadline(object):
@@ -27,3 +44,8 @@ class LeaseDeadline(object):
     @property
     def terminate_at(self):
         return self.kill_by - self.kill_grace
+
+    def overrun(self, at):
+        """Seconds by which `at` is past the earliest moment the backend could
+        have expired the lease (> 0: it could have expired), as seen here."""
+        return at - self.expires_at

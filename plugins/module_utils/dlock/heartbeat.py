@@ -8,8 +8,7 @@ thread: the runner kills the job at the LeaseDeadline whatever happens here.
 
 import os
 import threading
-import time
-
+from .deadline import now
 from .errors import BackendError
 
 
@@ -57,8 +56,8 @@ class Heartbeat(threading.Thread):
         renew_every = self.options.renew_every
         retry_every = min(1.0, renew_every / 2)
         next_at = self.deadline.expires_at - self.options.ttl + renew_every
-        while not self._stop_event.wait(max(0.0, next_at - time.monotonic())):
-            sent = time.monotonic()
+        while not self._stop_event.wait(max(0.0, next_at - now())):
+            sent = now()
             outcome = self._renew_bounded()
             if outcome is True:
                 self.deadline.renewed(sent)
@@ -73,4 +72,4 @@ class Heartbeat(threading.Thread):
                 if not self.backend.lease_survives_reconnect:
                     self._signal_lost("the lock's session failed: %s" % outcome)
                     return
-                next_at = time.monotonic() + retry_every
+                next_at = now() + retry_every

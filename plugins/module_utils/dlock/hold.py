@@ -27,7 +27,7 @@ import sys
 import time
 
 from .backends import open_backend
-from .deadline import LeaseDeadline
+from .deadline import LeaseDeadline, now
 from .errors import DlockError
 from .heartbeat import Heartbeat
 from .options import clock_margin
@@ -90,7 +90,7 @@ class Renewer(object):
 
     def start(self):
         """First renewal: the lease must still be ours. Returns the deadline."""
-        sent = time.monotonic()
+        sent = now()
         if not self.backend.renew(self.key, self.owner, self.timing.ttl):
             raise DlockError("%s is no longer held by %s" % (self.key, self.owner))
         return LeaseDeadline(self.timing.ttl, clock_margin(self.timing.ttl), 0.0, sent)
@@ -115,7 +115,7 @@ class Renewer(object):
                     return "stopped", None
                 if heartbeat.lost:
                     return "lost", heartbeat.lost
-                if time.monotonic() >= deadline.kill_by:
+                if now() >= deadline.kill_by:
                     return "lost", "not renewed before the lease could expire: %s" % heartbeat.last_error
                 # The pid first: the run dir is removed before the process exits.
                 alive = started is not None and process_start(watched) == started

@@ -24,6 +24,8 @@ METRICS = (
     ("dlock_lock_age_seconds", "gauge", "Age of the lease this node holds (0 when it holds none)."),
     ("dlock_fencing_token", "gauge", "Fencing token of this node's last grant of the lock."),
     ("dlock_clock_offset_seconds", "gauge", "Backend clock minus local clock, measured at the last run."),
+    ("dlock_lease_overrun_seconds", "gauge",
+     "How far past its lease's earliest expiry the last run's job ran unsupervised (runner stopped or paused); 0: not at all."),
 )
 RESULTS = ("success", "failed", "skipped_locked", "skipped_duplicate", "lock_lost", "backend_error", "clock_unsafe")
 _COUNTER_LINE = re.compile(r'^dlock_runs_total\{job="[^"]*",result="([a-z_]+)"\} (\d+)$')

@@ -16,7 +16,7 @@ from . import clock, report
 from .backends import Slot, open_backend
 from .backoff import backoff_cap, backoff_delay
 from .child import Child, exit_status
-from .deadline import LeaseDeadline
+from .deadline import LeaseDeadline, now
 from .errors import BackendError, ClockUnsafe, DlockError
 from .heartbeat import Heartbeat
 from .slots import marker_ttl, run_id, slot_number
@@ -33,12 +33,12 @@ def new_owner(prefix=None):
 
 
 def acquire(backend, key, owner, options, slot):
-    """(grant, attempts, monotonic time the granting request was sent)."""
+    """(grant, attempts, deadline.now() when the granting request was sent)."""
     give_up_at = time.monotonic() + (options.wait_timeout if options.on_contention == "wait" else 0)
     attempt = 0
     while True:
         attempt += 1
-        sent = time.monotonic()
+        sent = now()
         grant = backend.acquire(key, owner, options.ttl, slot)
         if grant.status != "locked" or options.on_contention == "skip":
             return grant, attempt, sent
@@ -89,11 +89,13 @@ class Runner(object):
         clock.check_offset(offset, rtt, self.o.max_clock_skew)
         slot = None
         if self.o.once_per:
+            # An estimate: the backend decides the slot on its clock at grant time.
             number = slot_number(time.time() + offset, self.o.once_per)
-            slot = Slot(number, marker_ttl(self.o.once_per))
-            self.record["slot"] = number
+            slot = Slot(number, marker_ttl(self.o.once_per), self.o.once_per)
         asked = time.monotonic()
         grant, attempts, sent = acquire(backend, self.s.key, self.owner, self.o, slot)
+        if slot is not None:
+            self.record["slot"] = slot.number
         self.record.update(attempt=attempts, wait_ms=int((time.monotonic() - asked) * 1000))
         # The member that answered the acquire: on a cluster, the one that granted (or refused).
         member = backend.describe()["member"] or {}
@@ -107,7 +109,8 @@ class Runner(object):
 
         fence = grant.fence
         self.record.update(fence=fence, run_id=run_id(self.s.job, slot and slot.number, self.o.once_per, fence))
-        self.gauges.update(dlock_fencing_token=fence, dlock_lock_held=1, dlock_lock_age_seconds=0)
+        self.gauges.update(dlock_fencing_token=fence, dlock_lock_held=1, dlock_lock_age_seconds=0,
+                           dlock_lease_overrun_seconds=0)
         try:
             self._write_metrics(None, None, None)
             deadline = LeaseDeadline(self.o.ttl, self.o.margin, self.o.kill_grace, sent)
@@ -139,19 +142,39 @@ class Runner(object):
         return env
 
     def _spawn(self, env):
+        """(the job, the signal handlers it replaced), or (None, None).
+
+        SIGTERM, SIGINT and SIGHUP are forwarded from before the job starts:
+        one that comes while it starts is held and passed on once it runs
+        (unhandled, it would end the runner, and the job with it)."""
+        started, pending = [], []
+
+        def forward(signum, _frame):
+            if started:
+                started[0].signal_group(signum)
+            else:
+                pending.append(signum)
+        previous = dict((sig, signal.signal(sig, forward)) for sig in FORWARDED_SIGNALS)
         try:
-            return Child(self.s.command, env, self.s.working_directory)
+            started.append(Child(self.s.command, env, self.s.working_directory))
         except (OSError, ValueError) as exc:
+            self._restore_signals(previous)
             self.record["error"] = "cannot start %s: %s" % (shown(self.s.command[0]), getattr(exc, "strerror", None) or exc)
-            return None
+            return None, None
+        for signum in pending:
+            started[0].signal_group(signum)
+        return started[0], previous
 
     def _supervise(self, backend, deadline):
-        child = self._spawn(self._job_env(self.record["fence"], self.owner))
+        if now() >= deadline.terminate_at:  # a pause or a slow grant ate the lease before the job started
+            self.record["reason"] = "the lease could expire before the job started; it was not started"
+            return self._exit("lock_lost"), "lock_lost"
+        child, previous = self._spawn(self._job_env(self.record["fence"], self.owner))
         if child is None:
             return 127, "failed"
         wake_r, wake_w = os.pipe()
         heartbeat = Heartbeat(backend, self.s.key, self.owner, self.o, deadline, wake_w)
-        previous = self._forward_signals(child)
+        self.record["containment"] = child.containment
         heartbeat.start()
         try:
             returncode, reason = self._watch(child, deadline, heartbeat, wake_r)
@@ -161,12 +184,17 @@ class Runner(object):
             child.close()
             os.close(wake_r)
             os.close(wake_w)
-        # Leftovers of the job (background processes) must not outlive the lock.
-        if child.signal_group(signal.SIGKILL):
-            self.record["leftovers"] = "killed the job's remaining processes"
+        self._note_leftovers(child)
         self.record["renewals"] = heartbeat.renewals
         if heartbeat.last_error:
             self.record["renew_error"] = heartbeat.last_error
+        overrun = self.gauges.get("dlock_lease_overrun_seconds")
+        if overrun:
+            self.record.update(lease_overrun_ms=int(overrun * 1000), reason=(
+                "the runner was not running (stopped, paused) when its lease could expire: the job ran unsupervised "
+                "up to %.3fs past the lease's earliest expiry; the job's status (%d) is not the run's result"
+                % (overrun, exit_status(returncode))))
+            return self._exit("lock_lost"), "lock_lost"
         if reason == "lock_lost" or heartbeat.lost:
             self.record["reason"] = heartbeat.lost or "could not renew before the lease deadline"
             return self._exit("lock_lost"), "lock_lost"
@@ -177,39 +205,67 @@ class Runner(object):
         code = exit_status(returncode)
         return code, "success" if code == 0 else "failed"
 
+    def _missed(self, deadline, killed):
+        """True when, not having killed the job, we find ourselves past the
+        lease's earliest expiry: we were not running when the kill was due
+        (SIGSTOP, a frozen VM), so the job ran unsupervised. The overrun goes
+        to the log and the metrics, and the run is lock_lost whatever the job did."""
+        overrun = deadline.overrun(now())
+        if killed or overrun <= 0:
+            return False
+        self.gauges["dlock_lease_overrun_seconds"] = round(overrun, 3)
+        return True
+
     def _watch(self, child, deadline, heartbeat, wake_fd):
         """Wait for the job; terminate it on lock loss or max_runtime, and always
         SIGKILL it before the lease can expire. Returns (returncode, reason)."""
-        start = time.monotonic()
+        start = now()
         runtime_end = start + self.o.max_runtime if self.o.max_runtime else float("inf")
         reason, kill_at, killed = None, None, False
         while True:
-            now = time.monotonic()
+            if self._missed(deadline, killed):
+                reason, killed = "lock_lost", True
+                child.kill()
+            current = now()
             if reason is None:
-                if heartbeat.lost or now >= deadline.terminate_at:
+                if heartbeat.lost or current >= deadline.terminate_at:
                     reason = "lock_lost"
-                elif now >= runtime_end:
+                elif current >= runtime_end:
                     reason = "max_runtime"
                 if reason is not None:
                     child.signal_group(signal.SIGTERM)
-                    kill_at = now + self.o.kill_grace
+                    kill_at = current + self.o.kill_grace
             if reason is not None:
                 # Never let the job outlive the lease, whatever started the stop.
-                kill_at = min(kill_at, deadline.kill_by)
-                if now >= kill_at and not killed:
-                    child.signal_group(signal.SIGKILL)
+                kill_at = min(kill_at or deadline.kill_by, deadline.kill_by)
+                if current >= kill_at and not killed:
+                    child.kill()
                     killed = True
             events = [deadline.terminate_at, runtime_end] + ([kill_at] if kill_at and not killed else [])
-            timeout = min(min(events) - now, 1.0)
+            timeout = min(min(events) - current, 1.0)
             returncode = child.wait(timeout, wake_fd)
+            # The clock before the job's status: a job that ended while we were
+            # stopped may have outlived the lease.
+            if self._missed(deadline, killed):
+                return returncode if returncode is not None else self._reap_killed(child), "lock_lost"
             if returncode is not None:
                 return returncode, reason
 
     @staticmethod
-    def _forward_signals(child):
-        def forward(signum, _frame):
-            child.signal_group(signum)
-        return dict((sig, signal.signal(sig, forward)) for sig in FORWARDED_SIGNALS)
+    def _reap_killed(child):
+        child.kill()
+        returncode = None
+        while returncode is None:
+            returncode = child.wait(1.0)
+        return returncode
+
+    def _note_leftovers(self, child):
+        # What the job left behind (background processes) was killed by its
+        # guard before the run's end: nothing of it outlives the lock.
+        if child.leftovers:
+            self.record["leftovers"] = "killed %d remaining process(es) of the job" % child.leftovers
+        if child.trouble:
+            self.record["guard"] = child.trouble
 
     @staticmethod
     def _restore_signals(previous):
@@ -220,10 +276,9 @@ class Runner(object):
     def _unlocked_run(self, exc):
         """fail_open: run without any lock, and say so loudly."""
         self.record.update(fail_open=True, warning="ran WITHOUT a lock (fail_open): %s" % exc)
-        child = self._spawn(self._job_env(None, ""))
+        child, previous = self._spawn(self._job_env(None, ""))
         if child is None:
             return 127, "failed"
-        previous = self._forward_signals(child)
         try:
             while True:
                 returncode = child.wait(1.0)
@@ -232,6 +287,7 @@ class Runner(object):
         finally:
             self._restore_signals(previous)
             child.close()
+        self._note_leftovers(child)
         code = exit_status(returncode)
         return code, "success" if code == 0 else "failed"
 

@@ -9,6 +9,12 @@ stay below W/2, whichever side of the boundary each node's clock is on.
 import math
 import time
 
+# A grant whose slot is decided on the backend's clock asks again, with the
+# backend's slot, when the caller's estimate was another; twice suffices
+# unless a window edge passes in between, which a slot of 1s or more allows
+# at most once more.
+SLOT_TRIES = 3
+
 
 def slot_number(server_now, width):
     """Number of the slot holding `server_now`: the nearest boundary / width."""

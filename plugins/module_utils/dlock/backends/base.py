@@ -29,11 +29,20 @@ def lease_ms(seconds, field="ttl", minimum=1.0, maximum=validate.MAX_DURATION):
 
 
 class Slot(object):
-    """A once-per slot: its number and how long its marker must outlive the grant."""
+    """A once-per slot: its number and how long its marker must outlive the grant.
 
-    def __init__(self, number, marker_ttl):
+    With a width (the runner's once_per), the slot is decided at grant time on
+    the backend's clock (slots.slot_number of the backend's "now", inside the
+    grant script or statement): `number` is only the caller's estimate until
+    acquire() sets it to the slot actually claimed. A runner delayed between
+    its estimate and the grant (stopped, paused, slow network) so can never
+    claim a slot whose window has passed and whose marker may have expired.
+    Without a width the number is taken as given (tests, tools)."""
+
+    def __init__(self, number, marker_ttl, width=None):
         self.number = number
         self.marker_ttl = marker_ttl
+        self.width = width
 
     def __repr__(self):
         return "Slot(%d)" % self.number

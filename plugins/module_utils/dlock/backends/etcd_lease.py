@@ -37,6 +37,7 @@ import time
 from ..errors import AuthError, BackendError, ConfigError, MissingDriver
 from ..options import BACKEND_MIN_TTL
 from ..safefile import require_regular
+from ..slots import SLOT_TRIES, slot_number
 from ..validate import MAX_DURATION, backend_url
 from .base import Backend, Grant, Holder, endpoint, lease_ms
 
@@ -245,18 +246,24 @@ class EtcdBackend(Backend):
         etcd's API has no clock (its response header holds none), and the
         Date header has whole seconds, so this is the middle of that second
         and clock_resolution tells the check it is 1s coarse."""
-        response = self._post("/maintenance/status", {}, stream=True)
-        try:
-            date = email.utils.parsedate(response.headers.get("Date", ""))
-        finally:
-            response.close()
-        if date is None:
-            raise BackendError("etcd: the answer had no Date header to read the server's clock from")
-        return calendar.timegm(date) + 0.5
+        return _date(self._post("/maintenance/status", {}, stream=True)) + 0.5
 
     clock_resolution = 1.0
 
     def acquire(self, key, owner, ttl, slot=None):
+        """The grant, with the once-per slot checked on the member's clock:
+        an etcd transaction has no clock to compare with, so the slot comes
+        from the runner's clock (checked against the member's by the clock
+        check) and the grant stands only if the Date header of the
+        transaction's own answer (whole seconds) says that slot's window was
+        open then; otherwise it is revoked and asked again for the member's slot."""
+        for _try in range(SLOT_TRIES):
+            grant = self._acquire(key, owner, ttl, slot)
+            if grant is not None:
+                return grant
+        raise BackendError("etcd: the slot kept moving during the grant of %s (once_per too short?)" % key)
+
+    def _acquire(self, key, owner, ttl, slot):
         lock, fence, _last = self._names(key)
         lease = self._grant_lease(_seconds(ttl, "ttl", self.min_ttl))
         value = json.dumps({"owner": owner, "acquired_at": time.time()}, sort_keys=True)
@@ -272,13 +279,25 @@ class EtcdBackend(Backend):
             success.append({"request_put": {"key": _b64(marker), "value": _b64(owner), "lease": marker_lease}})
             failure.append({"request_range": {"key": _b64(marker)}})
         try:
-            answer = self._txn(compare, success, failure)
+            response = self._post("/kv/txn", {"compare": compare, "success": success, "failure": failure}, stream=True)
+            try:
+                answer, answered = response.json(), _date(response)
+            except ValueError as exc:
+                raise BackendError("etcd: unreadable answer to the grant: %s" % exc)
         except BackendError:
             self._revoke(lease)
             if marker_lease:
                 self._revoke(marker_lease)
             raise
         revision = int(answer["header"]["revision"])
+        if answer.get("succeeded") and slot is not None and slot.width is not None and not (
+                (slot.number - 0.5) * slot.width < answered + 1 and answered < (slot.number + 0.5) * slot.width):
+            # Granted outside the slot's window on the member's clock (a delayed
+            # grant): undo it (revoking the leases deletes both keys), ask again.
+            self._revoke(lease)
+            self._revoke(marker_lease)
+            slot.number = slot_number(answered + 0.5, slot.width)
+            return None
         if answer.get("succeeded"):
             self._leases[(key, owner)] = lease
             return Grant("granted", fence=revision)  # the lock key's create_revision
@@ -497,6 +516,18 @@ class EtcdBackend(Backend):
 
     def close(self):
         self.reset()
+
+
+def _date(response):
+    """The HTTP Date header of a (streamed) answer, in epoch seconds: the
+    member's wall clock, whole seconds; the response is closed."""
+    try:
+        date = email.utils.parsedate(response.headers.get("Date", ""))
+    finally:
+        response.close()
+    if date is None:
+        raise BackendError("etcd: the answer had no Date header to read the server's clock from")
+    return calendar.timegm(date)
 
 
 def _json_lines(response):

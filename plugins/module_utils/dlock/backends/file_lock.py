@@ -12,6 +12,7 @@ import os
 import time
 
 from ..errors import BackendError
+from ..slots import slot_number
 from .base import Backend, Grant, Holder
 
 
@@ -63,6 +64,8 @@ class FileBackend(Backend):
         return {"backend": self.name, "member": {"endpoint": self.directory}, "cluster": None}
 
     def acquire(self, key, owner, ttl, slot=None):
+        if slot is not None and slot.width is not None:
+            slot.number = slot_number(time.time(), slot.width)  # this host's clock is the backend's
         try:
             # exist_ok: runners started together race to create it.
             os.makedirs(self.directory, 0o750, exist_ok=True)

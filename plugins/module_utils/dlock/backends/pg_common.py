@@ -67,13 +67,19 @@ ON CONFLICT (key) DO UPDATE
 RETURNING fence
 """
 
+# The slot claimed is decided here, on the server's clock (slots.py's
+# slot_number of clock_timestamp()), when a width is given: (slot, claimed).
 CLAIM_SLOT = """
-INSERT INTO dlock_slot (key, slot, owner, expires_at)
-VALUES (%s, %s, %s, clock_timestamp() + %s * interval '1 millisecond')
-ON CONFLICT DO NOTHING RETURNING 1
+WITH s AS (SELECT COALESCE(floor(extract(epoch FROM clock_timestamp()) * 1000 / %(width_ms)s::bigint + 0.5)::bigint,
+                           %(slot)s::bigint) AS slot),
+     claim AS (INSERT INTO dlock_slot (key, slot, owner, expires_at)
+               SELECT %(key)s, slot, %(owner)s, clock_timestamp() + %(marker_ms)s * interval '1 millisecond' FROM s
+               ON CONFLICT DO NOTHING RETURNING 1)
+SELECT slot, EXISTS (SELECT 1 FROM claim) FROM s
 """
 
-SLOT_OWNER = "SELECT owner FROM dlock_slot WHERE key = %s AND slot = %s"
+# An expired marker is no marker (it is pruned at the next claim).
+SLOT_OWNER = "SELECT owner FROM dlock_slot WHERE key = %s AND slot = %s AND expires_at > clock_timestamp()"
 PRUNE_SLOTS = "DELETE FROM dlock_slot WHERE key = %s AND expires_at < clock_timestamp()"
 
 QUERY = """
@@ -387,8 +393,11 @@ class PgBackend(Backend):
     @staticmethod
     def _claim_slot(conn, key, owner, slot):
         conn.execute(PRUNE_SLOTS, (key,))
-        marker_ms = lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION)
-        return conn.execute(CLAIM_SLOT, (key, slot.number, owner, marker_ms)).fetchone() is not None
+        params = {"key": key, "owner": owner, "slot": slot.number,
+                  "marker_ms": lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION),
+                  "width_ms": None if slot.width is None else lease_ms(slot.width, "once_per")}
+        slot.number, claimed = conn.execute(CLAIM_SLOT, params).fetchone()
+        return claimed
 
     @staticmethod
     def _upsert(conn, key, owner, ttl_ms):

@@ -12,6 +12,7 @@ tag keeps one lock's keys in one cluster slot):
 import json
 
 from ..errors import AuthError, BackendError, MissingDriver
+from ..slots import SLOT_TRIES
 from ..validate import MAX_DURATION
 from .base import Backend, Grant, Holder, endpoint, lease_ms
 
@@ -27,8 +28,14 @@ except ImportError:
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
 
 # KEYS[3], the slot marker, is passed only with once_per: an ACL limited to
-# ~dlock:* refuses any other key name, the empty one included.
+# ~dlock:* refuses any other key name, the empty one included. With ARGV[4]
+# (the slot width, ms) the slot must be the server's current one (slots.py's
+# slot_number on TIME), else the answer names it and the caller asks again.
 ACQUIRE = _NOW + """
+if KEYS[3] and ARGV[4] then
+  local current = math.floor(now / tonumber(ARGV[4]) + 0.5)
+  if current ~= tonumber(ARGV[5]) then return {'moved', string.format('%d', current)} end
+end
 if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
   return {'duplicate', redis.call('GET', KEYS[3])}
 end
@@ -123,12 +130,13 @@ class RedisBackend(Backend):
         return seconds + micros / 1e6
 
     def acquire(self, key, owner, ttl, slot=None):
-        lease, fence, _last = _keys(key)
-        keys, marker_ms = [lease, fence], 0
-        if slot is not None:
-            keys.append("dlock:{%s}:slot:%d" % (key, slot.number))
-            marker_ms = lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION)
-        reply = self._script(ACQUIRE, keys, [owner, lease_ms(ttl), marker_ms])
+        for _try in range(SLOT_TRIES):
+            reply = self._acquire(key, owner, ttl, slot)
+            if reply[0] != "moved":
+                break
+            slot.number = int(reply[1])  # the server's slot: ask again for that one
+        else:
+            raise BackendError("redis: the slot kept moving during the grant of %s (once_per too short?)" % key)
         status = reply[0]
         if status == "granted":
             return Grant("granted", fence=int(reply[1]))
@@ -138,6 +146,16 @@ class RedisBackend(Backend):
         return Grant("locked", holder=Holder(
             key, owner=owner_, fence=int(fence_), acquired_at=int(acquired_ms) / 1000.0,
             ttl_remaining=max(0, int(pttl)) / 1000.0, server_time=int(now_ms) / 1000.0))
+
+    def _acquire(self, key, owner, ttl, slot):
+        lease, fence, _last = _keys(key)
+        keys, args = [lease, fence], [owner, lease_ms(ttl), 0]
+        if slot is not None:
+            keys.append("dlock:{%s}:slot:%d" % (key, slot.number))
+            args[2] = lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION)
+            if slot.width is not None:
+                args += [lease_ms(slot.width, "once_per"), slot.number]
+        return self._script(ACQUIRE, keys, args)
 
     def renew(self, key, owner, ttl):
         return self._script(RENEW, [_keys(key)[0]], [owner, lease_ms(ttl)]) == 1

@@ -1,0 +1,154 @@
+"""Containment: nothing of a job outlives its runner, however the runner ends.
+
+The jobs are the README's own `sh -c` form: one whose shell forks a
+grandchild (a background process beside the foreground one), and one that
+double-forks out of the job's session (`setsid` in a subshell that exits, so
+the escaped process is an orphan in a session of its own). Every process of
+the tree appends {"pid", "t"} to a ledger; once the runner is SIGKILLed, each
+pid that wrote must be gone and the ledger must stop growing.
+
+Both containments run on this host: the cgroup v2 of the job's own where the
+runner may make one (root on a cgroup2 mount), and the guard alone
+(DLOCK_CGROUP=off), which is what runs where no cgroup can be made.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from runner_proc import last_log, lines, start_dlock, wait_for
+
+JOB = "%s %s" % (sys.executable, os.path.join(os.path.dirname(__file__), "jobfixture.py"))
+# sh -c scripts; L is the ledger. Each leaves two writers running.
+SCRIPTS = {
+    "grandchild": "{job} pidbeat {L} & {job} pidbeat {L}",
+    "double-fork": "(setsid {job} pidbeat {L} &); {job} pidbeat {L}",
+}
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "plugins", "module_utils"))
+from dlock.child import _own_cgroup, make_cgroup, remove_cgroup  # noqa: E402  (needs the path above)
+
+
+def _cgroup_possible():
+    path = make_cgroup()
+    if path:
+        remove_cgroup(path)
+    return path is not None
+
+
+CONTAINMENTS = [pytest.param("cgroup", marks=pytest.mark.skipif(not _cgroup_possible(), reason="no cgroup v2 to make here")),
+                "guard"]
+
+
+def _alive(pid):
+    """True while pid exists and is not a zombie (a zombie writes nothing)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (IOError, OSError):
+        return False
+
+
+def _job_cgroup(runner_pid):
+    """The cgroup the runner (our child: same cgroup as us) made for its job."""
+    return os.path.join(_own_cgroup() or "/nonexistent", "dlock-job-%d" % runner_pid)
+
+
+def _env(containment):
+    return {"DLOCK_CGROUP": "off"} if containment == "guard" else {}
+
+
+def _backend(kind, request, tmp_path):
+    return request.getfixturevalue("redis_server").url if kind == "redis" else "file://%s" % (tmp_path / "locks")
+
+
+@pytest.mark.parametrize("containment", CONTAINMENTS)
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+@pytest.mark.parametrize("kind", ["file", "redis"])
+def test_sigkill_of_the_runner_ends_the_whole_job(kind, script, containment, request, unique_key, tmp_path):
+    ledger = str(tmp_path / "ledger")
+    command = SCRIPTS[script].format(job=JOB, L=ledger)
+    runner = start_dlock("run", "--job", "contain", "--key", unique_key, "--backend", _backend(kind, request, tmp_path), "--ttl", "30s",
+                         "--", "/bin/sh", "-c", command, env=_env(containment))
+    try:
+        wait_for(lambda: len(set(r["pid"] for r in lines(ledger))) == 2 or runner.poll() is not None, 20,
+                 "both processes of the job to write")
+        assert runner.poll() is None, runner.communicate()[1]
+        pids = set(r["pid"] for r in lines(ledger))
+        if containment == "cgroup":
+            assert os.path.isdir(_job_cgroup(runner.pid))
+        assert all(_alive(pid) for pid in pids)
+        if script == "double-fork":  # the escape did happen: one writer is in a session of its own
+            assert len(set(os.getsid(pid) for pid in pids)) == 2
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(10)
+        wait_for(lambda: not any(_alive(pid) for pid in pids), 10, "every process of the job to end")
+        killed_at, written = time.time(), len(lines(ledger))
+        # Two more beats of the writers' 20ms period: the ledger no longer grows.
+        wait_for(lambda: time.time() > killed_at + 0.1, 1, "100ms")
+        assert len(lines(ledger)) == written
+        assert max(r["t"] for r in lines(ledger)) < killed_at
+        assert set(r["pid"] for r in lines(ledger)) == pids
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(10)
+    # The guard removes the job's cgroup once it is empty.
+    wait_for(lambda: not os.path.exists(_job_cgroup(runner.pid)), 5, "the job's cgroup to be removed")
+
+
+@pytest.mark.parametrize("containment", CONTAINMENTS)
+def test_what_a_finished_job_left_behind_is_killed_and_reported(containment, unique_key, tmp_path):
+    ledger = str(tmp_path / "ledger")
+    command = "(setsid {job} pidbeat {L} &); {job} interval {done} 0.3".format(
+        job=JOB, L=ledger, done=tmp_path / "done")
+    runner = start_dlock("run", "--job", "contain", "--backend", "file://%s" % (tmp_path / "locks"),
+                         "--", "/bin/sh", "-c", command, env=_env(containment))
+    stderr = runner.communicate(timeout=30)[1]
+    log = last_log(stderr)
+    assert (runner.returncode, log["result"]) == (0, "success"), stderr
+    assert log["containment"] == containment
+    assert log["leftovers"] == "killed 1 remaining process(es) of the job"
+    pids = set(r["pid"] for r in lines(ledger))
+    assert len(pids) == 1 and not any(_alive(pid) for pid in pids)
+    assert not os.path.exists(_job_cgroup(runner.pid))
+
+
+def _children(pid):
+    with open("/proc/%d/task/%d/children" % (pid, pid)) as handle:
+        return [int(word) for word in handle.read().split()]
+
+
+@pytest.mark.parametrize("containment,script", [
+    pytest.param("cgroup", "double-fork", marks=CONTAINMENTS[0].marks),
+    pytest.param("cgroup", "grandchild", marks=CONTAINMENTS[0].marks),
+    ("guard", "grandchild"),
+])
+def test_a_killed_guard_leaves_the_runner_to_end_the_job(containment, script, unique_key, tmp_path):
+    """Without the guard, the runner kills the job's process group, and the
+    job's cgroup where there is one (a setsid escape without a cgroup is the
+    case the README lists as not covered)."""
+    ledger = str(tmp_path / "ledger")
+    runner = start_dlock("run", "--job", "contain", "--key", unique_key, "--backend", "file://%s" % (tmp_path / "locks"),
+                         "--", "/bin/sh", "-c", SCRIPTS[script].format(job=JOB, L=ledger), env=_env(containment))
+    try:
+        wait_for(lambda: len(set(r["pid"] for r in lines(ledger))) == 2 or runner.poll() is not None, 20,
+                 "both processes of the job to write")
+        pids = set(r["pid"] for r in lines(ledger))
+        (guard,) = _children(runner.pid)
+        os.kill(guard, signal.SIGKILL)
+        stderr = runner.communicate(timeout=30)[1]
+        wait_for(lambda: not any(_alive(pid) for pid in pids), 10, "every process of the job to end")
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(10)
+    log = last_log(stderr)
+    assert (runner.returncode, log["result"]) == (137, "failed"), stderr
+    assert "guard" in log["guard"] and "died" in log["guard"]
+    assert not os.path.exists(_job_cgroup(runner.pid))

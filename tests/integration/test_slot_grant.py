@@ -1,0 +1,75 @@
+"""The once-per slot is decided at grant time on the backend's clock.
+
+A runner estimates its slot from its own clock, then asks for the grant. If
+it is delayed in between (stopped, paused, a slow network) past the slot's
+window, its estimate names a slot whose marker may have expired: claiming it
+would run that slot twice. The backend decides the slot instead (Redis: TIME
+in the grant script; PostgreSQL: clock_timestamp() in the claim statement;
+etcd: the Date header of the transaction's own answer; file: the host's
+clock), so a delayed grant claims the backend's current slot.
+"""
+
+import pytest
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.file_lock import FileBackend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import marker_ttl, slot_number
+from runner_proc import wait_for
+
+WIDTH = 2.0  # markers live 3s
+
+
+@pytest.fixture(params=["redis", "postgresql", "postgresql+advisory", "etcd", "file"])
+def two_clients(request, tmp_path):
+    if request.param == "file":
+        url = "file://%s" % tmp_path
+    elif request.param == "redis":
+        url = request.getfixturevalue("redis_server").url
+    elif request.param == "etcd":
+        url = request.getfixturevalue("etcd_server").url
+    else:
+        url = request.getfixturevalue("pg_server").url(scheme=request.param)
+    a, b = open_backend(url), open_backend(url)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _slot(backend):
+    return slot_number(backend.server_time(), WIDTH)
+
+
+def test_a_delayed_grant_claims_the_backends_slot_not_its_stale_estimate(two_clients, unique_key):
+    a, b = two_clients
+    first = Slot(_slot(a), marker_ttl(WIDTH), WIDTH)
+    assert a.acquire(unique_key, "owner-a", 5, first).granted
+    claimed = first.number
+    assert a.release(unique_key, "owner-a")
+    # B estimated the same slot as A, then was delayed until A's marker had
+    # expired (claimed at the window's start at the earliest, it lives 1.5
+    # windows; etcd rounds leases up to whole seconds and reaps them late).
+    stale = Slot(claimed, marker_ttl(WIDTH), WIDTH)
+    wait_for(lambda: _slot(b) >= claimed + 4, 20, "the slot's marker to expire")
+    before = _slot(b)
+    grant = b.acquire(unique_key, "owner-b", 5, stale)
+    after = _slot(b)
+    assert grant.granted
+    assert stale.number != claimed and before <= stale.number <= after
+    assert b.release(unique_key, "owner-b")
+    # The hazard was real: a grant that took the caller's number as given
+    # (no width, as before) claims the expired slot a second time.
+    assert b.acquire(unique_key, "owner-c", 5, Slot(claimed, marker_ttl(WIDTH))).granted
+
+
+def test_an_estimate_from_an_earlier_slot_is_still_a_duplicate_of_the_current_one(two_clients, unique_key):
+    a, b = two_clients
+    first = Slot(_slot(a), marker_ttl(WIDTH), WIDTH)
+    assert a.acquire(unique_key, "owner-a", 5, first).granted
+    assert a.release(unique_key, "owner-a")
+    late = Slot(first.number - 1, marker_ttl(WIDTH), WIDTH)
+    grant = b.acquire(unique_key, "owner-b", 5, late)
+    if late.number != first.number:
+        pytest.skip("a window edge passed between the two grants")
+    assert grant.status == "duplicate"
+    if not isinstance(b, FileBackend):  # the file's state keeps no owner of a released run
+        assert grant.holder.owner == "owner-a"
