@@ -16,7 +16,8 @@ Two ways for the holder to go, each round a fresh key:
   releases: from the holder's job's last moment to the waiter's job's first.
 
 Every round checks that the waiter did wait (its log line says attempt 2
-or more), so no sample is a waiter that came late to a free lock.
+or more): a waiter that started too late (a busy machine) came to a free
+lock, so that round is run again (and counted as "late").
 
 etcd is a 3-member cluster (the deployment issue #13 is about), its waiter
 woken by a watch; Redis and PostgreSQL are single servers, their waiters
@@ -39,8 +40,9 @@ sys.path[:0] = [os.path.join(ROOT, "tests")]
 
 import servers  # noqa: E402
 
-TTL = 2.0  # etcd's shortest (1.5 election timeouts, rounded up to whole seconds)
-HOLD = 1.5  # the holder's job in a release round: the waiter is waiting well before its end
+TTL = 3.0  # short (etcd's shortest is 2s), yet longer than a waiter's start on a busy machine
+HOLD = 2.0  # the holder's job in a release round: the waiter is waiting well before its end
+RETRIES = 5  # a round whose waiter came late is run again, at most this often
 DLOCK = [sys.executable, "-c", "from dlock.cli import main; raise SystemExit(main())", "run"]
 ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "module_utils"))
 STAMP = "date +%s.%N"
@@ -57,12 +59,18 @@ def waiter(url, key):
     return runner(url, key, STAMP, "--on-contention", "wait", "--wait-timeout", "30s")
 
 
+class Late(Exception):
+    """The waiter found the lock free at its first attempt: it did not wait."""
+
+
 def waited(proc, timeout=60):
     """The waiter's job start (its stamp), after checking it waited for the lock."""
     out, err = proc.communicate(timeout=timeout)
     record = json.loads(err.strip().splitlines()[-1])
-    if proc.returncode != 0 or record.get("attempt", 0) < 2:
-        raise RuntimeError("the waiter did not wait and run (exit %s): %s" % (proc.returncode, err.strip()))
+    if proc.returncode != 0:
+        raise RuntimeError("the waiter failed (exit %s): %s" % (proc.returncode, err.strip()))
+    if record["attempt"] < 2:
+        raise Late()
     return float(out.split()[0])
 
 
@@ -102,18 +110,27 @@ def main():
     args = parser.parse_args()
     etcd, redis_server, pg = servers.EtcdServer(members=3), servers.RedisServer(), servers.PostgresServer()
     urls = {"etcd (3 members)": etcd.url, "redis": redis_server.url, "postgresql": pg.url()}
-    samples = {}
+    samples, late = {}, 0
     try:
         for number in range(args.rounds):
             for backend, url in urls.items():
                 for scenario in (killed, released):
-                    for name, value in scenario(url, "takeover-%s-%d" % (scenario.__name__, number)).items():
+                    for attempt in range(RETRIES + 1):
+                        try:
+                            values = scenario(url, "takeover-%s-%d-%d" % (scenario.__name__, number, attempt))
+                            break
+                        except Late:
+                            late += 1
+                    else:
+                        raise RuntimeError("%s: the waiter came late %d times in a row" % (backend, RETRIES + 1))
+                    for name, value in values.items():
                         samples.setdefault(name, {}).setdefault(backend, []).append(value)
     finally:
         etcd.stop()
         redis_server.stop()
         pg.stop()
-    report = {"rounds": args.rounds, "ttl_s": TTL, "python": sys.version.split()[0]}
+    report = {"rounds": args.rounds, "ttl_s": TTL, "late_rounds_run_again": late, "python": sys.version.split()[0]}
+    print("rounds whose waiter came late, run again: %d" % late)
     for name, by_backend in samples.items():
         base = statistics.median(by_backend["redis"])
         report[name] = dict((backend, {"median_ms": round(statistics.median(v) * 1000, 1),
