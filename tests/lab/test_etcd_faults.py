@@ -210,24 +210,25 @@ def election_timeout(fleet):
 
 def run_fault(fleet, capsys, name, inject, repair):
     """Jobs running; when a run holds the lock, inject the fault (it names
-    the member it takes out in fault["member"] before it acts); wait for
-    RUNS_WHILE_LOST successful runs while it lasts; repair; wait for the
-    cluster to be whole again and for more runs; then check the ledger."""
+    the member it takes out in fault["member"] and the time in fault["at"]
+    before it acts); wait for RUNS_WHILE_LOST successful runs that started
+    after it took effect; repair; wait for the cluster to be whole again
+    and for more runs; then check the ledger."""
     bound = gap_bound(election_timeout(fleet))
     fault = {}
     since = fleet.start_jobs()
     try:
         fleet.wait_runs(since, 2, "%s: before the fault" % name, timeout=30, running=True)
-        fault_at = time.time()
         inject(fault)
-        fleet.wait_runs(fault_at, RUNS_WHILE_LOST, "%s: while %s is lost" % (name, fault["member"]),
+        fleet.wait_runs(time.time(), RUNS_WHILE_LOST, "%s: while %s is lost" % (name, fault["member"]),
                         timeout=RUNS_WHILE_LOST * (bound + WORK) + 10)
-        repair(fault.pop("member"))
+        repair(fault["member"])
+        fault["repaired"] = True
         repaired_at = time.time()
         fleet.wait_whole(fleet.members[0])
         fleet.wait_runs(repaired_at, 2, "%s: after the repair" % name, timeout=2 * (bound + WORK) + 10)
     finally:
-        if "member" in fault:
+        if "member" in fault and "repaired" not in fault:
             repair(fault["member"])
         fleet.stop_jobs()
     granted = fleet.runs(since)
@@ -235,7 +236,7 @@ def run_fault(fleet, capsys, name, inject, repair):
     results = fleet.results(since)
     assert results <= RESULTS, results
     longest = max(gaps, key=lambda g: g[0])
-    first = next((g for g in gaps if g[2]["start"] >= fault_at), None)  # into the first run after the fault
+    first = next((g for g in gaps if g[2]["start"] >= fault["at"]), None)  # into the first run after the fault
     with capsys.disabled():  # shown in every run, for the report
         print("\netcd fault %s: %d runs (%d lock_lost), longest gap %.2fs (bound %.2fs), gap into the first run "
               "after the fault %s, results %s, gaps over 1s: %s"
@@ -251,6 +252,7 @@ def test_leader_killed(fleet, capsys):
     fleet ran without it, then started again."""
     def inject(fault):
         fault["member"] = leader = fleet.wait_whole(fleet.members[0])
+        fault["at"] = time.time()
         # Debian's unit restarts etcd at once (Restart=on-abnormal): a runtime
         # drop-in keeps this member lost until the repair.
         fleet.lab.ssh(leader, "mkdir -p /run/systemd/system/etcd.service.d && printf '[Service]\\nRestart=no\\n' "
@@ -268,6 +270,7 @@ def test_leader_partitioned(fleet, capsys):
     """The leader's link cut (from the other members and the nodes), then healed."""
     def inject(fault):
         fault["member"] = fleet.wait_whole(fleet.members[0])
+        fault["at"] = time.time()
         fleet.lab.partition(fault["member"])
     run_fault(fleet, capsys, "leader partitioned", inject, fleet.lab.heal)
 
@@ -277,6 +280,7 @@ def test_follower_crashed(fleet, capsys):
     def inject(fault):
         leader = fleet.wait_whole(fleet.members[0])
         fault["member"] = [m for m in fleet.members if m != leader][0]
+        fault["at"] = time.time()
         fleet.lab.crash(fault["member"])
     run_fault(fleet, capsys, "follower crashed", inject, fleet.lab.start)
 
