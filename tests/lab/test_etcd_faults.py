@@ -17,7 +17,7 @@ overlapping, no slot run twice, fencing tokens strictly increasing in grant
 order, runs that started while the member was lost, and no gap between runs
 longer than the TTL plus etcd's failover time (gap_bound says why).
 
-A lab of its own (prefix dlke on 10.77.7, or DLOCK_ETCD_LAB_PREFIX /
+A lab of its own (prefix dlke on 10.77.8, or DLOCK_ETCD_LAB_PREFIX /
 DLOCK_ETCD_LAB_SUBNET), removed at the end (unless DLOCK_ETCD_LAB_KEEP is
 set: to look at it after a failure; a next run reuses it); one site.yml
 rollout for all the tests; each test leaves every member running and
@@ -189,7 +189,7 @@ def fleet():
     if os.geteuid() != 0:
         pytest.skip("the lab needs root (network namespaces, mounts, systemd-nspawn)")
     lab = Lab(prefix=os.environ.get("DLOCK_ETCD_LAB_PREFIX", "dlke"),
-              subnet=os.environ.get("DLOCK_ETCD_LAB_SUBNET", "10.77.7"))
+              subnet=os.environ.get("DLOCK_ETCD_LAB_SUBNET", "10.77.8"))
     try:
         lab.up(nodes=3, backends=3)
         with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ledger_job.py")) as handle:
