@@ -71,8 +71,8 @@ def assert_cluster_is_the_inventory(lab):
     backends = lab.group("dlock_backend")
     listed = members(lab, backends[0])
     assert sorted(listed) == sorted(backends), listed
-    for name, (_member_id, peer_urls, started) in listed.items():
-        assert started and peer_urls == ["http://%s:2380" % lab.addr(name)], (name, listed[name])
+    for name, listing in listed.items():
+        assert listing[2] and listing[1] == ["http://%s:2380" % lab.addr(name)], (name, listing)  # started, peer URLs
     health = json.loads(etcdctl(lab, backends[0], "-w", "json", "endpoint", "health", "--cluster"))
     assert len(health) == len(backends) and all(h["health"] for h in health), health
     url = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)["backend"]
