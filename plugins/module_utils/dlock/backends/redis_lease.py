@@ -7,9 +7,18 @@ tag keeps one lock's keys in one cluster slot):
   dlock:{KEY}:fence   counter, never expires (fences grow across restarts with AOF)
   dlock:{KEY}:slot:N  once-per marker of slot N
   dlock:{KEY}:last    JSON of the last finished run
+  dlock:{KEY}:queue   waiters in arrival order (sorted set: owner -> place number)
+  dlock:{KEY}:tickets the same waiters' ticket expiries (sorted set: owner -> ms)
+Channel dlock:{KEY}:wake: a message on each release or change of the line
+(only when someone waits), a wake-up for the waiters, never a grant.
+
+Only waiting touches the queue: the grant and release scripts look at it
+with EXISTS and use the sorted-set commands and PUBLISH only when it exists,
+so a runner that never waits needs no other commands than before.
 """
 
 import json
+import time
 
 from ..errors import AuthError, BackendError, MissingDriver
 from ..validate import MAX_DURATION
@@ -26,23 +35,68 @@ except ImportError:
 # effects replication, the default since Redis 5).
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
 
-# KEYS[3], the slot marker, is passed only with once_per: an ACL limited to
-# ~dlock:* refuses any other key name, the empty one included.
-ACQUIRE = _NOW + """
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
-  return {'duplicate', redis.call('GET', KEYS[3])}
+# Live tickets only: drop the expired ones (KEYS q, t: queue and tickets).
+_PURGE = """
+local function purge(q, t, now)
+  local dead = redis.call('ZRANGEBYSCORE', t, '-inf', now)
+  if #dead > 0 then
+    redis.call('ZREM', q, unpack(dead))
+    redis.call('ZREM', t, unpack(dead))
+  end
+end
+"""
+
+# KEYS[5], the slot marker, is passed only with once_per: an ACL limited to
+# ~dlock:* refuses any other key name, the empty one included. A free lock
+# goes to the first live ticket in line, or to anyone when nobody waits.
+ACQUIRE = _NOW + _PURGE + """
+if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1 then
+  return {'duplicate', redis.call('GET', KEYS[5])}
 end
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'acquired_ms')
 if lease[1] then
   return {'locked', lease[1], lease[2], lease[3], redis.call('PTTL', KEYS[1]), string.format('%d', now)}
 end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  purge(KEYS[3], KEYS[4], now)
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if first and first ~= ARGV[1] then
+    return {'queued', redis.call('ZCARD', KEYS[3]), string.format('%d', now)}
+  end
+end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, 'acquired_ms', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if KEYS[3] then
-  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
+if KEYS[5] then
+  redis.call('SET', KEYS[5], ARGV[1], 'PX', ARGV[3])
 end
 return {'granted', fence}
+"""
+
+# Take the place after the last live ticket, or keep ours; both sorted sets
+# vanish when no waiter renews for a ticket's life. pcall: PUBLISH needs the
+# channel in the ACL; without it waiters are not told, and wake by time.
+JOIN = _NOW + _PURGE + """
+purge(KEYS[1], KEYS[2], now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  redis.call('ZADD', KEYS[1], last[2] and tonumber(last[2]) + 1 or 1, ARGV[1])
+end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+# Leaving may put someone else first while the lock is free: tell them.
+LEAVE = _NOW + _PURGE + """
+local left = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+purge(KEYS[1], KEYS[2], now)
+if left == 1 and redis.call('EXISTS', KEYS[1]) == 1 and redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.pcall('PUBLISH', ARGV[2], 'left')
+end
+return left
 """
 
 RENEW = """
@@ -67,6 +121,9 @@ if keep > 0 and keep < redis.call('PTTL', KEYS[1]) then
   redis.call('PEXPIRE', KEYS[1], keep)
 elseif keep <= 0 then
   redis.call('DEL', KEYS[1])
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    redis.pcall('PUBLISH', ARGV[4], 'released')
+  end
 end
 return 1
 """
@@ -74,6 +131,9 @@ return 1
 FORCE_RELEASE = """
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'acquired_ms')
 redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.pcall('PUBLISH', ARGV[1], 'released')
+end
 return lease
 """
 
@@ -81,6 +141,12 @@ return lease
 def _keys(key):
     base = "dlock:{%s}:" % key
     return base + "lease", base + "fence", base + "last"
+
+
+def _queue(key):
+    """The line of waiters (queue, tickets) and the channel that wakes them."""
+    base = "dlock:{%s}:" % key
+    return base + "queue", base + "tickets", base + "wake"
 
 
 class RedisBackend(Backend):
@@ -98,7 +164,9 @@ class RedisBackend(Backend):
             if ca_file:
                 kwargs["ssl_ca_certs"] = ca_file
         self.client = redis.Redis.from_url(url, **kwargs)
+        self.op_timeout = op_timeout
         self._scripts = {}
+        self._pubsub = None  # subscribed to the wake channels of the keys we wait for
 
     def _script(self, source, keys, args):
         script = self._scripts.get(source)
@@ -124,7 +192,8 @@ class RedisBackend(Backend):
 
     def acquire(self, key, owner, ttl, slot=None):
         lease, fence, _last = _keys(key)
-        keys, marker_ms = [lease, fence], 0
+        queue, tickets, _channel = _queue(key)
+        keys, marker_ms = [lease, fence, queue, tickets], 0
         if slot is not None:
             keys.append("dlock:{%s}:slot:%d" % (key, slot.number))
             marker_ms = lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION)
@@ -134,6 +203,8 @@ class RedisBackend(Backend):
             return Grant("granted", fence=int(reply[1]))
         if status == "duplicate":
             return Grant("duplicate", holder=Holder(key, owner=reply[1]))
+        if status == "queued":  # free, but others came first
+            return Grant("locked", holder=Holder(key, queued=int(reply[1]), server_time=int(reply[2]) / 1000.0))
         owner_, fence_, acquired_ms, pttl, now_ms = reply[1:6]
         return Grant("locked", holder=Holder(
             key, owner=owner_, fence=int(fence_), acquired_at=int(acquired_ms) / 1000.0,
@@ -144,12 +215,15 @@ class RedisBackend(Backend):
 
     def release(self, key, owner, min_hold=0.0, last=None):
         lease, _fence, last_key = _keys(key)
+        queue, _tickets, channel = _queue(key)
         record = json.dumps(last, sort_keys=True) if last else ""
-        return self._script(RELEASE, [lease, last_key], [owner, lease_ms(min_hold, "min_hold", 0.0), record]) == 1
+        return self._script(RELEASE, [lease, last_key, queue],
+                            [owner, lease_ms(min_hold, "min_hold", 0.0), record, channel]) == 1
 
     def force_release(self, key):
         before = self.query(key)
-        owner, _fence, _acquired = self._script(FORCE_RELEASE, [_keys(key)[0]], [])
+        queue, _tickets, channel = _queue(key)
+        owner, _fence, _acquired = self._script(FORCE_RELEASE, [_keys(key)[0], queue], [channel])
         # Report the holder we actually removed (it may have changed since the query).
         before.owner = owner
         return before
@@ -173,5 +247,69 @@ class RedisBackend(Backend):
             server_time=sec + usec / 1e6,
         )
 
+    # -- waiting --------------------------------------------------------------
+    def join_queue(self, key, owner, ttl):
+        queue, tickets, channel = _queue(key)
+        self._subscribe(channel)  # first: a release from now on wakes us
+        self._script(JOIN, [queue, tickets], [owner, lease_ms(ttl, "ticket ttl")])
+
+    def leave_queue(self, key, owner):
+        queue, tickets, channel = _queue(key)
+        self._unsubscribe(channel)
+        return self._script(LEAVE, [queue, tickets, _keys(key)[0]], [owner, channel]) == 1
+
+    def _subscribe(self, channel):
+        """Subscribe (once) and wait for the server's confirmation: only then
+        is a release published after our next try sure to reach us. A
+        refusal (an ACL without the channel) leaves us without wake-ups."""
+        if self._pubsub is not None and channel in self._pubsub.channels:
+            return
+        try:
+            if self._pubsub is None:
+                self._pubsub = self.client.pubsub()
+            self._pubsub.subscribe(channel)
+            deadline = time.monotonic() + self.op_timeout
+            while time.monotonic() < deadline:
+                message = self._pubsub.get_message(timeout=deadline - time.monotonic())
+                if message is not None and message["type"] == "subscribe" and message["channel"] == channel:
+                    return
+        except redis.RedisError:
+            pass
+        self._close_pubsub()  # not confirmed: no wake-ups, waiting goes by time
+
+    def _unsubscribe(self, channel):
+        if self._pubsub is not None:
+            self._close_pubsub()  # one wait at a time per backend: nothing else to keep
+
+    def _close_pubsub(self):
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except redis.RedisError:
+                pass
+
+    def wait_change(self, key, timeout):
+        """Wait for a message on the key's wake channel (redis-py's
+        get_message(timeout) polls the subscription's socket for at most
+        that long, whatever the client's socket_timeout)."""
+        channel = _queue(key)[2]
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._pubsub is None:
+                time.sleep(left)
+                return
+            try:
+                message = self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+            except redis.RedisError:
+                self._close_pubsub()
+                continue
+            if message is not None and message["type"] == "message" and message["channel"] == channel:
+                return
+
     def close(self):
+        self._close_pubsub()
         self.client.close()
