@@ -18,7 +18,7 @@ import hashlib
 
 from ..errors import BackendError
 from .base import Grant
-from .pg_common import FORCE_RELEASE, NOTIFY_WAITERS, PgBackend, Refused
+from .pg_common import FORCE_RELEASE, NOTIFY_FIRST, PgBackend, Refused
 
 HOLDER_PIDS = """
 SELECT pid FROM pg_locks
@@ -29,7 +29,7 @@ SELECT pid FROM pg_locks
 
 
 # Unlock, and wake the waiters: only now can one of them take the lock.
-UNLOCK = "SELECT pg_advisory_unlock(%(id)s), " + NOTIFY_WAITERS
+UNLOCK = "SELECT pg_advisory_unlock(%(id)s), " + NOTIFY_FIRST
 
 
 def lock_id(key):

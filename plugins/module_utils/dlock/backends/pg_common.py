@@ -77,18 +77,22 @@ ON CONFLICT (key, owner) DO UPDATE
 RETURNING 'dlock' = ANY(ARRAY(SELECT pg_listening_channels()))
 """
 
+# Wake the first live waiter in line (channel 'dlock', payload "KEY OWNER":
+# keys hold no spaces), if there is one; the others stay asleep. A scalar
+# subquery: it fits in a RETURNING or a select list.
+NOTIFY_FIRST = """(SELECT pg_notify('dlock', w.key || ' ' || w.owner) FROM dlock_wait w
+ WHERE w.key = %(key)s AND w.expires_at > clock_timestamp() ORDER BY w.arrived LIMIT 1)"""
+
+WAITERS = "SELECT count(*) FROM dlock_wait WHERE key = %s AND expires_at > clock_timestamp()"
+
 # Leaving may put someone else first while the lock is free: tell them.
 LEAVE_QUEUE = """
 WITH gone AS (DELETE FROM dlock_wait WHERE key = %(key)s AND owner = %(owner)s RETURNING 1)
-SELECT pg_notify('dlock', %(key)s)
+SELECT """ + NOTIFY_FIRST + """
  WHERE EXISTS (SELECT 1 FROM gone)
-   AND EXISTS (SELECT 1 FROM dlock_wait WHERE key = %(key)s AND owner <> %(owner)s)
    AND NOT EXISTS (SELECT 1 FROM dlock_lease WHERE key = %(key)s AND owner IS NOT NULL
                                                AND (expires_at IS NULL OR expires_at > clock_timestamp()))
 """
-
-# Wake the key's waiters (channel 'dlock', payload the key), if there are any.
-NOTIFY_WAITERS = "CASE WHEN EXISTS (SELECT 1 FROM dlock_wait WHERE key = %(key)s) THEN pg_notify('dlock', %(key)s) END"
 
 TABLES = ("dlock_lease", "dlock_slot", "dlock_wait")
 
@@ -149,7 +153,7 @@ RETURNING owner IS NULL
 
 # The release, and a wake-up for the waiters when it freed the lock (a
 # min_hold keeps it: they wake by its expiry). Notifications go out at commit.
-RELEASE_NOTIFY = "WITH released AS (" + RELEASE + ") SELECT free, CASE WHEN free THEN " + NOTIFY_WAITERS + \
+RELEASE_NOTIFY = "WITH released AS (" + RELEASE + ") SELECT free, CASE WHEN free THEN " + NOTIFY_FIRST + \
     " END FROM released AS r (free)"
 
 UNDO_SLOT = "DELETE FROM dlock_slot WHERE key = %s AND slot = %s AND owner = %s"
@@ -157,7 +161,7 @@ UNDO_SLOT = "DELETE FROM dlock_slot WHERE key = %s AND slot = %s AND owner = %s"
 FORCE_RELEASE = """
 UPDATE dlock_lease SET owner = NULL, expires_at = clock_timestamp()
  WHERE key = %(key)s AND owner IS NOT NULL
-RETURNING """ + NOTIFY_WAITERS
+RETURNING """ + NOTIFY_FIRST
 
 
 class CommitUnknown(BackendError):
@@ -214,7 +218,8 @@ class PgBackend(Backend):
         self._watchdog = Watchdog("dlock-pg-cancel")
         self._listening = None  # the connection whose session LISTENs, while we wait
         self._pooled = False  # a LISTEN did not stick to our session (PgBouncer, transaction mode)
-        self._woken = set()  # keys whose waiters were notified and have not looked yet
+        self._woken = set()  # notifications ("KEY OWNER") not yet looked at
+        self._waiting_as = {}  # key -> the owner that waits in line
 
     # -- connection -------------------------------------------------------
     def _connect(self):
@@ -413,6 +418,8 @@ class PgBackend(Backend):
         holder = self._query(conn, key)
         if status == "duplicate":
             holder.owner = self._slot_owner(conn, key, slot)
+        elif holder.owner is None:  # free, but others came first
+            holder.queued = conn.execute(WAITERS, (key,)).fetchone()[0]
         return Grant(status, holder=holder)
 
     @staticmethod
@@ -446,6 +453,7 @@ class PgBackend(Backend):
                 # Its own transaction: a LISTEN takes effect at commit.
                 conn.execute("LISTEN dlock")
                 self._listening = conn
+            self._waiting_as[key] = owner
             params = {"key": key, "owner": owner, "ttl_ms": lease_ms(ttl, "ticket ttl")}
             if not conn.execute(JOIN_QUEUE, params).fetchone()[0] and self._listening is conn:
                 # A pooler in transaction mode ran the LISTEN on another server
@@ -461,14 +469,15 @@ class PgBackend(Backend):
                 conn.execute("UNLISTEN dlock")
             self._listening = None
         self._run(leave)
-        self._woken.discard(key)
+        self._woken.discard("%s %s" % (key, self._waiting_as.pop(key, owner)))
 
     def wait_change(self, key, timeout):
-        """Wait for a notification with the key as payload on the session
-        that LISTENs; without one (not listening, a pooler), sleep."""
+        """Wait for a notification naming us first in the key's line, on the
+        session that LISTENs; without one (not listening, a pooler), sleep."""
         deadline = time.monotonic() + timeout
         conn = self._listening if self._listening is self._conn else None
-        while key not in self._woken:
+        wake = "%s %s" % (key, self._waiting_as.get(key))
+        while wake not in self._woken:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -486,4 +495,4 @@ class PgBackend(Backend):
             except (psycopg.Error, OSError, ValueError):
                 self.reset()  # a broken session: the next request reconnects, or says the server is down
                 conn = None
-        self._woken.discard(key)
+        self._woken.clear()  # ours is handled; the others name other waiters

@@ -9,8 +9,9 @@ tag keeps one lock's keys in one cluster slot):
   dlock:{KEY}:last    JSON of the last finished run
   dlock:{KEY}:queue   waiters in arrival order (sorted set: owner -> place number)
   dlock:{KEY}:tickets the same waiters' ticket expiries (sorted set: owner -> ms)
-Channel dlock:{KEY}:wake: a message on each release or change of the line
-(only when someone waits), a wake-up for the waiters, never a grant.
+Channel dlock:{KEY}:wake: on each release, and when a waiter leaves the line
+of a free lock, the name of the first live waiter in line: a wake-up for
+that waiter, never a grant.
 
 Only waiting touches the queue: the grant and release scripts look at it
 with EXISTS and use the sorted-set commands and PUBLISH only when it exists,
@@ -36,7 +37,10 @@ except ImportError:
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
 
 # Live tickets only: drop the expired ones (KEYS q, t: queue and tickets).
-_PURGE = """
+# Wake the first live waiter in line, by name: the others stay asleep. pcall:
+# PUBLISH needs the channel in the ACL; without it waiters are not told, and
+# wake by time.
+_QUEUE = """
 local function purge(q, t, now)
   local dead = redis.call('ZRANGEBYSCORE', t, '-inf', now)
   if #dead > 0 then
@@ -44,12 +48,19 @@ local function purge(q, t, now)
     redis.call('ZREM', t, unpack(dead))
   end
 end
+local function wake_first(q, t, now, channel)
+  purge(q, t, now)
+  local first = redis.call('ZRANGE', q, 0, 0)[1]
+  if first then
+    redis.pcall('PUBLISH', channel, first)
+  end
+end
 """
 
 # KEYS[5], the slot marker, is passed only with once_per: an ACL limited to
 # ~dlock:* refuses any other key name, the empty one included. A free lock
 # goes to the first live ticket in line, or to anyone when nobody waits.
-ACQUIRE = _NOW + _PURGE + """
+ACQUIRE = _NOW + _QUEUE + """
 if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1 then
   return {'duplicate', redis.call('GET', KEYS[5])}
 end
@@ -74,9 +85,8 @@ return {'granted', fence}
 """
 
 # Take the place after the last live ticket, or keep ours; both sorted sets
-# vanish when no waiter renews for a ticket's life. pcall: PUBLISH needs the
-# channel in the ACL; without it waiters are not told, and wake by time.
-JOIN = _NOW + _PURGE + """
+# vanish when no waiter renews for a ticket's life.
+JOIN = _NOW + _QUEUE + """
 purge(KEYS[1], KEYS[2], now)
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
@@ -89,12 +99,11 @@ return 1
 """
 
 # Leaving may put someone else first while the lock is free: tell them.
-LEAVE = _NOW + _PURGE + """
+LEAVE = _NOW + _QUEUE + """
 local left = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-purge(KEYS[1], KEYS[2], now)
-if left == 1 and redis.call('EXISTS', KEYS[1]) == 1 and redis.call('EXISTS', KEYS[3]) == 0 then
-  redis.pcall('PUBLISH', ARGV[2], 'left')
+if left == 1 and redis.call('EXISTS', KEYS[3]) == 0 then
+  wake_first(KEYS[1], KEYS[2], now, ARGV[2])
 end
 return left
 """
@@ -109,7 +118,7 @@ return 0
 
 # Release keeps the lease until acquired + min_hold (lockAtLeastFor), never
 # extends it, and records the last run.
-RELEASE = _NOW + """
+RELEASE = _NOW + _QUEUE + """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
   return 0
 end
@@ -122,17 +131,17 @@ if keep > 0 and keep < redis.call('PTTL', KEYS[1]) then
 elseif keep <= 0 then
   redis.call('DEL', KEYS[1])
   if redis.call('EXISTS', KEYS[3]) == 1 then
-    redis.pcall('PUBLISH', ARGV[4], 'released')
+    wake_first(KEYS[3], KEYS[4], now, ARGV[4])
   end
 end
 return 1
 """
 
-FORCE_RELEASE = """
+FORCE_RELEASE = _NOW + _QUEUE + """
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'acquired_ms')
 redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.pcall('PUBLISH', ARGV[1], 'released')
+  wake_first(KEYS[2], KEYS[3], now, ARGV[1])
 end
 return lease
 """
@@ -166,7 +175,8 @@ class RedisBackend(Backend):
         self.client = redis.Redis.from_url(url, **kwargs)
         self.op_timeout = op_timeout
         self._scripts = {}
-        self._pubsub = None  # subscribed to the wake channels of the keys we wait for
+        self._pubsub = None  # subscribed to the wake channel of the key we wait for
+        self._waiting_as = {}  # key -> the owner that waits in line
 
     def _script(self, source, keys, args):
         script = self._scripts.get(source)
@@ -215,15 +225,15 @@ class RedisBackend(Backend):
 
     def release(self, key, owner, min_hold=0.0, last=None):
         lease, _fence, last_key = _keys(key)
-        queue, _tickets, channel = _queue(key)
+        queue, tickets, channel = _queue(key)
         record = json.dumps(last, sort_keys=True) if last else ""
-        return self._script(RELEASE, [lease, last_key, queue],
+        return self._script(RELEASE, [lease, last_key, queue, tickets],
                             [owner, lease_ms(min_hold, "min_hold", 0.0), record, channel]) == 1
 
     def force_release(self, key):
         before = self.query(key)
-        queue, _tickets, channel = _queue(key)
-        owner, _fence, _acquired = self._script(FORCE_RELEASE, [_keys(key)[0], queue], [channel])
+        queue, tickets, channel = _queue(key)
+        owner, _fence, _acquired = self._script(FORCE_RELEASE, [_keys(key)[0], queue, tickets], [channel])
         # Report the holder we actually removed (it may have changed since the query).
         before.owner = owner
         return before
@@ -250,12 +260,14 @@ class RedisBackend(Backend):
     # -- waiting --------------------------------------------------------------
     def join_queue(self, key, owner, ttl):
         queue, tickets, channel = _queue(key)
+        self._waiting_as[key] = owner
         self._subscribe(channel)  # first: a release from now on wakes us
         self._script(JOIN, [queue, tickets], [owner, lease_ms(ttl, "ticket ttl")])
 
     def leave_queue(self, key, owner):
         queue, tickets, channel = _queue(key)
-        self._unsubscribe(channel)
+        self._waiting_as.pop(key, None)
+        self._close_pubsub()  # one wait at a time per backend: nothing else to keep
         return self._script(LEAVE, [queue, tickets, _keys(key)[0]], [owner, channel]) == 1
 
     def _subscribe(self, channel):
@@ -277,10 +289,6 @@ class RedisBackend(Backend):
             pass
         self._close_pubsub()  # not confirmed: no wake-ups, waiting goes by time
 
-    def _unsubscribe(self, channel):
-        if self._pubsub is not None:
-            self._close_pubsub()  # one wait at a time per backend: nothing else to keep
-
     def _close_pubsub(self):
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
@@ -293,7 +301,7 @@ class RedisBackend(Backend):
         """Wait for a message on the key's wake channel (redis-py's
         get_message(timeout) polls the subscription's socket for at most
         that long, whatever the client's socket_timeout)."""
-        channel = _queue(key)[2]
+        channel, owner = _queue(key)[2], self._waiting_as.get(key)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -307,7 +315,8 @@ class RedisBackend(Backend):
             except redis.RedisError:
                 self._close_pubsub()
                 continue
-            if message is not None and message["type"] == "message" and message["channel"] == channel:
+            if message is not None and message["type"] == "message" and message["channel"] == channel \
+                    and (owner is None or message["data"] == owner):
                 return
 
     def close(self):

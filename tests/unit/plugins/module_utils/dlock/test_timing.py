@@ -1,8 +1,5 @@
-import random
-
 import pytest
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backoff import backoff_cap, backoff_delay
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.child import exit_status
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.deadline import LeaseDeadline
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import marker_ttl, run_id, slot_number
@@ -22,16 +19,6 @@ def test_deadline_moves_only_forward():
     assert d.expires_at == 140.0
     d.renewed(105.0)  # a late answer to an older request
     assert d.expires_at == 140.0
-
-
-def test_backoff_grows_is_capped_and_jittered():
-    rng = random.Random(7)
-    delays = [backoff_delay(n, cap=2.0, rng=rng) for n in range(1, 12)]
-    assert 0.05 <= delays[0] <= 0.1
-    assert all(d <= 2.0 for d in delays)
-    assert all(d >= 1.0 for d in delays[6:])  # at the cap: between cap/2 and cap
-    assert len(set(delays[6:])) > 1  # jitter spreads waiters
-    assert backoff_cap(2) == 0.5 and backoff_cap(600) == 5.0
 
 
 @pytest.mark.parametrize("now,number", [
