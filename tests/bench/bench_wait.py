@@ -183,9 +183,32 @@ def threads(paths, urls, waiters, grants):
     return report
 
 
-def takeover_once(path, url, key, expiry):
-    """Seconds from the holder's release (or its lease's end) to the waiter's job start."""
+class EtcdDeletions(threading.Thread):
+    """`etcdctl watch` on one name: when etcd deleted it (for an expiry: when
+    etcd's lessor revoked the lease, which it looks for every 500 ms)."""
+
+    def __init__(self, endpoint, name):
+        threading.Thread.__init__(self, daemon=True)
+        self.proc = subprocess.Popen(["etcdctl", "--endpoints", endpoint, "watch", name], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, ETCDCTL_API="3"))
+        self.deleted = None
+        self.start()
+
+    def run(self):
+        for line in self.proc.stdout:
+            if line.strip() == "DELETE" and self.deleted is None:
+                self.deleted = time.time()
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def takeover_once(path, url, key, expiry, etcd_endpoint=None):
+    """Seconds from the holder's release (or its lease's end) to the waiter's
+    job start; on etcd after an expiry also from etcd's deletion of the key."""
     env = env_for(path)
+    deletions = EtcdDeletions(etcd_endpoint, "/dlock/%s/lock" % key) if etcd_endpoint and expiry else None
     ttl = 3.0
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, url, key, str(ttl)], env=env,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -208,18 +231,25 @@ def takeover_once(path, url, key, expiry):
         holder.wait(30)
     out, _err = waiter.communicate(timeout=60)
     started = float(out.strip().splitlines()[-1])
-    return started - ended
+    if deletions is None:
+        return started - ended, None
+    deletions.stop()
+    return started - ended, (started - deletions.deleted) if deletions.deleted else None
 
 
-def takeover(paths, urls, rounds):
+def takeover(paths, urls, rounds, etcd_endpoint):
     samples = {}
     for number in range(rounds):
         for case in ("release", "expiry"):
             for backend, url in urls.items():
                 for version, path in paths.items():
                     key = "bench-takeover-%s-%s-%d" % (version, case, number)
-                    samples.setdefault("%s after %s, %s" % (backend, case, version), []).append(
-                        takeover_once(path, url, key, case == "expiry"))
+                    name = "%s after %s, %s" % (backend, case, version)
+                    total, after_delete = takeover_once(path, url, key, case == "expiry",
+                                                        etcd_endpoint if backend == "etcd" else None)
+                    samples.setdefault(name, []).append(total)
+                    if after_delete is not None:
+                        samples.setdefault(name + " (from etcd's deletion)", []).append(after_delete)
     return dict((name, {"median_ms": round(statistics.median(v) * 1000, 1), "max_ms": round(max(v) * 1000, 1)})
                 for name, v in samples.items())
 
@@ -239,8 +269,8 @@ def main():
     urls = {"redis": redis_server.url, "postgresql": pg_server.url(), "etcd": etcd_server.url}
     report = {"before_ref": args.before_ref, "waiters": args.waiters, "job_ms": JOB_SECONDS * 1000}
     try:
+        endpoint = "127.0.0.1:%d" % etcd_server.client_ports[0]
         if args.only in (None, "contention"):
-            endpoint = "127.0.0.1:%d" % etcd_server.client_ports[0]
             etcdctl = ["etcdctl", "--endpoints", endpoint, "lock", "bench-etcdctl"]
             contenders = {"etcdctl lock": (etcdctl + ["sleep", str(JOB_SECONDS)], etcdctl + ["true"], dict(os.environ))}
             for backend, url in urls.items():
@@ -257,7 +287,7 @@ def main():
         if args.only in (None, "threads"):
             report["threads"] = threads(paths, urls, args.waiters, args.grants)
         if args.only in (None, "takeover"):
-            report["takeover"] = takeover(paths, urls, max(3, args.rounds * 2))
+            report["takeover"] = takeover(paths, urls, max(3, args.rounds * 2), endpoint)
     finally:
         redis_server.stop()
         pg_server.stop()

@@ -76,21 +76,28 @@ def test_a_dead_waiters_ticket_expires_and_the_line_moves_on(backend_url, backen
     assert time.monotonic() - joined >= ticket - 0.2  # it did hold the line until its expiry
 
 
-def test_a_release_wakes_the_first_waiter(backend_url, backends, unique_key):
-    holder, waiter = backends(), backends()
-    assert holder.acquire(unique_key, "holder", 60).granted
-    waiter.join_queue(unique_key, "waiter", 60)
-    assert waiter.acquire(unique_key, "waiter", 60).status == "locked"
+def waiting_thread(backend, key):
+    """backend.wait_change(key, 60) in a thread, far longer than any test:
+    only a wake-up ends it early. Returns the thread and the list that gets
+    the moment it woke; checks it is still waiting half a second later."""
     woke = []
 
     def wait():
-        # Far longer than the test: only a wake-up ends it early.
-        waiter.wait_change(unique_key, 60)
+        backend.wait_change(key, 60)
         woke.append(time.monotonic())
     thread = threading.Thread(target=wait)
     thread.start()
     thread.join(0.5)
     assert not woke, "the wait ended with the lock still held"
+    return thread, woke
+
+
+def test_a_release_wakes_the_first_waiter(backend_url, backends, unique_key):
+    holder, waiter = backends(), backends()
+    assert holder.acquire(unique_key, "holder", 60).granted
+    waiter.join_queue(unique_key, "waiter", 60)
+    assert waiter.acquire(unique_key, "waiter", 60).status == "locked"
+    thread, woke = waiting_thread(waiter, unique_key)
     released = time.monotonic()
     assert holder.release(unique_key, "holder")
     thread.join(30)
@@ -116,15 +123,7 @@ def test_a_wake_up_alone_grants_nothing(backend_url, backends, unique_key):
     other.join_queue(unique_key, "ahead", 60)
     waiter.join_queue(unique_key, "waiter", 60)
     assert waiter.acquire(unique_key, "waiter", 60).status == "locked"
-    woke = []
-
-    def wait():
-        waiter.wait_change(unique_key, 60)
-        woke.append(time.monotonic())
-    thread = threading.Thread(target=wait)
-    thread.start()
-    thread.join(0.5)
-    assert not woke
+    thread, woke = waiting_thread(waiter, unique_key)
     _nudge(backend_url, unique_key, "waiter", other)
     thread.join(30)
     assert woke, "the nudge did not wake the waiter"
