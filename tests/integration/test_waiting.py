@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import servers
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import waiting
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import LockOptions
@@ -183,3 +184,51 @@ def test_threads_of_one_process_are_all_served(backend_url, unique_key):
     fair = grants / waiters
     assert sorted(counts) == list(range(waiters)), "a waiter was never served: %r" % counts
     assert max(counts.values()) <= 2 * fair, counts
+
+
+@pytest.fixture
+def pgbouncer(pg_server):
+    bouncer = servers.PgBouncer(pg_server)
+    yield bouncer
+    bouncer.stop()
+
+
+def test_waiting_through_pgbouncer_in_transaction_mode(pgbouncer, unique_key):
+    """PgBouncer in transaction pooling runs each statement on any session of
+    its pool, so a LISTEN does not stay with the waiter: notifications reach
+    it late or never. The line and the grants are single statements and
+    still hold; a waiter then finds the lock at its next look (it looks
+    again at least every TICKET_REFRESH)."""
+    holder = open_backend(pgbouncer.url())
+    waiters = [open_backend(pgbouncer.url()) for _n in range(3)]
+    served, errors = [], []
+    try:
+        assert holder.acquire(unique_key, "holder", 60).granted
+        for number, waiter in enumerate(waiters):
+            waiter.join_queue(unique_key, "w%d" % number, 30)  # the order of arrival
+
+        def wait(number):
+            try:
+                grant = waiting.acquire(waiters[number], unique_key, "w%d" % number, 60, None, 30)[0]
+                assert grant.granted, grant.status
+                served.append(("w%d" % number, grant.fence, time.monotonic()))
+                assert waiters[number].release(unique_key, "w%d" % number)
+            except Exception as exc:  # reported below, in the test's thread
+                errors.append(exc)
+        threads = [threading.Thread(target=wait, args=(n,)) for n in (2, 1, 0)]
+        for thread in threads:
+            thread.start()
+        released = time.monotonic()
+        assert holder.release(unique_key, "holder")
+        for thread in threads:
+            thread.join(60)
+        assert not errors, errors
+        assert [owner for owner, _fence, _at in served] == ["w0", "w1", "w2"]
+        assert served[0][1] < served[1][1] < served[2][1]
+        previous = released
+        for _owner, _fence, at in served:
+            assert at - previous < waiting.TICKET_REFRESH + 3.0  # a look per second, on a loaded machine
+            previous = at
+    finally:
+        for backend in [holder] + waiters:
+            backend.close()

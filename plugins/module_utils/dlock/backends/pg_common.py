@@ -65,8 +65,11 @@ SELECT 1 FROM dlock_wait w
 
 # Take the last place (a new ticket, or ours after it expired) or keep ours;
 # drop the key's expired tickets. The answer says whether this session
-# still listens (LISTEN was sent before, in a transaction of its own): through
-# PgBouncer in transaction mode it does not, and waiting goes by time.
+# still listens (LISTEN was sent before, in a transaction of its own). Through
+# PgBouncer in transaction mode a LISTEN stays on a pooled server session and
+# its notifications do not reach us; when this shows it (another session ran
+# this statement) we stop sending LISTENs. Waiting never depends on them: the
+# waiter looks again at least every waiting.TICKET_REFRESH.
 JOIN_QUEUE = """
 WITH purged AS (DELETE FROM dlock_wait WHERE key = %(key)s AND expires_at <= clock_timestamp() AND owner <> %(owner)s)
 INSERT INTO dlock_wait AS w (key, owner, arrived, expires_at)
