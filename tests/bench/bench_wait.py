@@ -13,7 +13,8 @@ interleaved in one run (A B C A B C ...), so machine noise hits them alike:
   the engine's acquire (the runner's), G grants in all: grants per thread;
 - takeover: a waiting `dlock run` already in line; the holder (another
   process) releases, or is SIGKILLed and its lease expires: time from the
-  release (or the lease's end) to the waiter's job start.
+  release (or the lease's end) to the waiter's job start, once the waiter
+  is seen waiting in the server's own counters.
 
 "before" is the engine of a git ref (default: main), extracted with
 `git archive` into a temp dir; "after" is this checkout. Prints the table
@@ -25,6 +26,7 @@ and writes tests/bench/report_wait.json.
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -40,6 +43,7 @@ sys.path[:0] = [os.path.join(ROOT, "tests")]
 import servers  # noqa: E402
 
 JOB_SECONDS = 0.05
+HELD_AFTER_IN_LINE = 2.0  # takeover after a release: the lock is released this long after the waiter asked
 ENTRY = "import sys; sys.argv[0] = 'dlock'; from dlock.cli import main; raise SystemExit(main())"
 
 # A holder in a process of its own: takes the key, says when it asked, then
@@ -204,27 +208,73 @@ class EtcdDeletions(threading.Thread):
         self.proc.wait()
 
 
-def takeover_once(path, url, key, expiry, etcd_endpoint=None):
+class InLine(object):
+    """Whether a waiter has asked once and is waiting (in line, for "after"),
+    read from each server's own counters, so a release or an expiry is never
+    measured against a waiter still starting up (seconds on a loaded machine)."""
+
+    def __init__(self, redis_server, pg_server, etcd_server):
+        import psycopg
+        self.redis = redis_server.client()
+        self.pg = psycopg.connect(pg_server.url(), autocommit=True)
+        self.etcd_metrics = "http://127.0.0.1:%d/metrics" % etcd_server.client_ports[0]
+
+    def _evalsha_calls(self):
+        return self.redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+
+    def _watchers(self):
+        with urllib.request.urlopen(self.etcd_metrics, timeout=5) as answer:
+            text = answer.read().decode()
+        return int(float(re.search(r"^etcd_debugging_mvcc_watcher_total (\S+)$", text, re.M).group(1)))
+
+    def baseline(self, backend):
+        return {"redis": self._evalsha_calls, "etcd": self._watchers, "postgresql": lambda: 0}[backend]()
+
+    def ready(self, backend, version, key, baseline):
+        if backend == "redis":
+            if version == "after":
+                return self.redis.zcard("dlock:{%s}:queue" % key) >= 1  # joined; subscribed before that
+            return self._evalsha_calls() > baseline  # its first (refused) grant script ran
+        if backend == "etcd":
+            return self._watchers() > baseline  # it watches
+        if version == "after":
+            return self.pg.execute("SELECT count(*) FROM dlock_wait WHERE key = %s", (key,)).fetchone()[0] >= 1
+        # The holder's session and the waiter's, both after a statement on the lease table.
+        return self.pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dlock' "
+                               "AND state = 'idle' AND query LIKE '%%dlock_lease%%'").fetchone()[0] >= 2
+
+    def wait(self, backend, version, key, baseline, waiter):
+        deadline = time.monotonic() + 60
+        while not self.ready(backend, version, key, baseline):
+            assert waiter.poll() is None, "the waiter did not wait"
+            assert time.monotonic() < deadline, "the waiter never got in line"
+            time.sleep(0.02)
+        time.sleep(0.05)  # from its grant script to its wait: a few statements more
+
+
+def takeover_once(path, url, key, expiry, in_line, backend, version, etcd_endpoint=None):
     """Seconds from the holder's release (or its lease's end) to the waiter's
     job start; on etcd after an expiry also from etcd's deletion of the key."""
     env = env_for(path)
     deletions = EtcdDeletions(etcd_endpoint, "/dlock/%s/lock" % key) if etcd_endpoint and expiry else None
-    ttl = 3.0
+    ttl = 5.0
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, url, key, str(ttl)], env=env,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     asked = float(holder.stdout.readline())
-    waiter = subprocess.Popen(dlock_run(url, key, "--on-contention", "wait", "--wait-timeout", "30s", "--ttl", "3s",
+    baseline = in_line.baseline(backend)
+    waiter = subprocess.Popen(dlock_run(url, key, "--on-contention", "wait", "--wait-timeout", "60s", "--ttl", "3s",
                                         "--", "date", "+%s.%N"),
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    # The waiter has started and found the lock held (start-up is ~0.2s on an idle machine).
-    time.sleep(1.2)
-    assert waiter.poll() is None, "the waiter did not wait"
+    in_line.wait(backend, version, key, baseline, waiter)
     if expiry:
+        assert time.time() < asked + ttl, "the waiter got in line after the lease's end"
         holder.kill()
         holder.wait()
         # The lease cannot end before `asked + ttl` (the backend starts counting after the request).
         ended = asked + ttl
     else:
+        # A waiter that has waited a while (the old backoff had grown by then).
+        time.sleep(HELD_AFTER_IN_LINE)
         holder.stdin.write("\n")
         holder.stdin.flush()
         ended = float(holder.stdout.readline())
@@ -237,7 +287,7 @@ def takeover_once(path, url, key, expiry, etcd_endpoint=None):
     return started - ended, (started - deletions.deleted) if deletions.deleted else None
 
 
-def takeover(paths, urls, rounds, etcd_endpoint):
+def takeover(paths, urls, rounds, etcd_endpoint, in_line):
     samples = {}
     for number in range(rounds):
         for case in ("release", "expiry"):
@@ -245,7 +295,7 @@ def takeover(paths, urls, rounds, etcd_endpoint):
                 for version, path in paths.items():
                     key = "bench-takeover-%s-%s-%d" % (version, case, number)
                     name = "%s after %s, %s" % (backend, case, version)
-                    total, after_delete = takeover_once(path, url, key, case == "expiry",
+                    total, after_delete = takeover_once(path, url, key, case == "expiry", in_line, backend, version,
                                                         etcd_endpoint if backend == "etcd" else None)
                     samples.setdefault(name, []).append(total)
                     if after_delete is not None:
@@ -287,7 +337,8 @@ def main():
         if args.only in (None, "threads"):
             report["threads"] = threads(paths, urls, args.waiters, args.grants)
         if args.only in (None, "takeover"):
-            report["takeover"] = takeover(paths, urls, max(3, args.rounds * 2), endpoint)
+            in_line = InLine(redis_server, pg_server, etcd_server)
+            report["takeover"] = takeover(paths, urls, max(3, args.rounds * 2), endpoint, in_line)
     finally:
         redis_server.stop()
         pg_server.stop()
