@@ -257,7 +257,8 @@ def takeover_once(path, url, key, expiry, in_line, backend, version, etcd_endpoi
     job start; on etcd after an expiry also from etcd's deletion of the key."""
     env = env_for(path)
     deletions = EtcdDeletions(etcd_endpoint, "/dlock/%s/lock" % key) if etcd_endpoint and expiry else None
-    ttl = 5.0
+    # Long enough to outlast the waiter's start-up on a loaded machine; a release comes first.
+    ttl = 8.0 if expiry else 60.0
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, url, key, str(ttl)], env=env,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     asked = float(holder.stdout.readline())
@@ -304,6 +305,11 @@ def takeover(paths, urls, rounds, etcd_endpoint, in_line):
                 for name, v in samples.items())
 
 
+def save(report):
+    with open(os.path.join(HERE, "report_wait.json"), "w") as handle:
+        json.dump(report, handle, indent=2)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before-ref", default="main")
@@ -334,8 +340,10 @@ def main():
             base = report["contention"]["etcdctl lock"]["grants_per_s"]
             for row in report["contention"].values():
                 row["grants_to_etcdctl"] = round(row["grants_per_s"] / base, 3)
+            save(report)
         if args.only in (None, "threads"):
             report["threads"] = threads(paths, urls, args.waiters, args.grants)
+            save(report)
         if args.only in (None, "takeover"):
             in_line = InLine(redis_server, pg_server, etcd_server)
             report["takeover"] = takeover(paths, urls, max(3, args.rounds * 2), endpoint, in_line)
@@ -345,8 +353,7 @@ def main():
         etcd_server.stop()
         subprocess.run(["rm", "-rf", tmp], check=False)
     print(json.dumps(report, indent=1))
-    with open(os.path.join(HERE, "report_wait.json"), "w") as handle:
-        json.dump(report, handle, indent=2)
+    save(report)
 
 
 if __name__ == "__main__":
