@@ -65,6 +65,19 @@ def own_etcd():
     server.stop()
 
 
+@pytest.fixture
+def etcd_auth(own_etcd):
+    """own_etcd with auth on: root, and a user 'dlock' whose role covers only /dlock/."""
+    ctl = own_etcd.etcdctl
+    ctl("user", "add", "root:root-secret")
+    ctl("role", "add", "dlock-locks")
+    ctl("role", "grant-permission", "dlock-locks", "readwrite", "--prefix=true", "/dlock/")
+    ctl("user", "add", "dlock:Locker-Secret-1")
+    ctl("user", "grant-role", "dlock", "dlock-locks")
+    ctl("auth", "enable")
+    return own_etcd
+
+
 @pytest.fixture(scope="module")
 def pg_sync_cluster():
     """A primary with one strictly synchronous standby (servers.PostgresSyncPair)."""

@@ -121,19 +121,6 @@ def test_a_member_going_down_while_held(cluster, unique_key):
         backend.close()
 
 
-@pytest.fixture
-def etcd_auth(own_etcd):
-    """Auth on: root, and a user 'dlock' whose role covers only /dlock/."""
-    ctl = own_etcd.etcdctl
-    ctl("user", "add", "root:root-secret")
-    ctl("role", "add", "dlock-locks")
-    ctl("role", "grant-permission", "dlock-locks", "readwrite", "--prefix=true", "/dlock/")
-    ctl("user", "add", "dlock:Locker-Secret-1")
-    ctl("user", "grant-role", "dlock", "dlock-locks")
-    ctl("auth", "enable")
-    return own_etcd
-
-
 def test_a_user_limited_to_the_prefix_works(etcd_auth, unique_key):
     url = "etcd://dlock@127.0.0.1:%d/dlock" % etcd_auth.client_ports[0]
     a, b = open_backend(url, password="Locker-Secret-1"), open_backend(url, password="Locker-Secret-1")

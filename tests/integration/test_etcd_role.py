@@ -101,6 +101,17 @@ def test_other_sizes_are_refused_for_quorum(tmp_path, size):
     assert "the quorum" in output
 
 
+def test_an_even_size_passes_only_while_a_member_joins(tmp_path):
+    """Growing 3 to 5 goes through 4: etcd adds one member at a time, each
+    joined before the next is added."""
+    four = dict(THREE, e4="10.0.0.4")
+    rc, output, rendered = run(tmp_path, four, hostvars={"e4": {"dlock_etcd_initial_cluster_state": "existing"}})
+    assert rc == 0, output
+    assert settings(rendered["e4"])["ETCD_INITIAL_CLUSTER_STATE"] == "existing"
+    assert settings(rendered["e1"])["ETCD_INITIAL_CLUSTER_STATE"] == "new"
+    assert len(settings(rendered["e4"])["ETCD_INITIAL_CLUSTER"].split(",")) == 4
+
+
 def test_a_member_left_out_of_the_play_is_refused(tmp_path):
     rc, output, rendered = run(tmp_path, THREE, limit="e1,e2")
     assert rc == 2 and rendered == {}, output

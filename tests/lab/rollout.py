@@ -87,18 +87,56 @@ def clock_inventory(lab):
     return path
 
 
+def backend_count(backend_type, current):
+    """How many backend nodes a rollout of this type wants: an etcd cluster
+    needs three (more, once a test has grown it, stay), the others run on one
+    (site.yml refuses several Redis hosts)."""
+    if backend_type == "etcd":
+        return current if current >= 3 else 3
+    return 1
+
+
+def shape(lab, backend_type):
+    """Boot or remove backend nodes so the lab has backend_count of them (job
+    nodes stay); returns the backend nodes' names."""
+    current = len(lab.group("dlock_backend"))
+    wanted = backend_count(backend_type, current)
+    if wanted != current:
+        lab.up(nodes=len(lab.group("dlock_nodes")), backends=wanted)
+    return lab.group("dlock_backend")
+
+
+# The last site.yml each lab (by prefix) finished without error: its backend
+# type and extra variables. provisioned() rolls out again only when the one it
+# wants differs; a failed or --check run forgets it (it may have changed part).
+LAST_ROLLOUT = {}
+
+
 def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
     """site.yml with dlock_backend_type: the backend role on the backend nodes
-    (booted if missing: three for etcd, else one), chrony, the runner, the jobs
-    and the metrics. The backend password is generated once into the lab's
-    state directory."""
-    if not lab.group("dlock_backend"):
-        lab.up(nodes=len(lab.group("dlock_nodes")), backends=3 if backend_type == "etcd" else 1)
+    (as many as backend_count wants, booted or removed first), chrony, the
+    runner, the jobs and the metrics. The backend password is generated once
+    into the lab's state directory."""
+    shape(lab, backend_type)
     site_vars = {"dlock_backend_type": backend_type,
                  "dlock_backend_password_file": password_file(lab)}
     site_vars.update(extra_vars)
-    return ansible_playbook(lab, "playbooks/site.yml", site_vars, "-i", clock_inventory(lab), *args,
+    LAST_ROLLOUT.pop(lab.prefix, None)
+    done = ansible_playbook(lab, "playbooks/site.yml", site_vars, "-i", clock_inventory(lab), *args,
                             check=check, capture=capture)
+    if done.returncode == 0 and "--check" not in args and "-C" not in args:
+        LAST_ROLLOUT[lab.prefix] = json.dumps([backend_type, extra_vars, args], sort_keys=True)
+    return done
+
+
+def provisioned(lab, backend_type):
+    """The lab rolled out by site.yml with this backend type and no jobs, again
+    only when the last rollout was another; returns what the nodes use: the
+    backend URL and its password."""
+    if LAST_ROLLOUT.get(lab.prefix) != json.dumps([backend_type, {"dlock_jobs_list": []}, ()], sort_keys=True):
+        site(lab, backend_type, {"dlock_jobs_list": []})
+    config = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)
+    return {"url": config["backend"], "password": read_password(lab)}
 
 
 JOBS_PLAY = """\

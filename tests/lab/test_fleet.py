@@ -11,7 +11,8 @@ import re
 import time
 
 import pytest
-from rollout import ansible_playbook, jobs, read_password, site, warnings
+from rollout import ansible_playbook, jobs, shape, site, warnings
+from rollout import provisioned as rollout_provisioned
 
 pytestmark = pytest.mark.lab
 
@@ -20,23 +21,14 @@ SLOTS = 20
 BACKEND_TYPES = ["redis", "postgresql"]
 
 
+# The tests below come in the order of the backend they need (Redis first,
+# then PostgreSQL): `provisioned` rolls out site.yml (over a minute) only when
+# the backend type changes, so this order costs two rollouts, not four.
 @pytest.fixture(scope="module")
 def provisioned(lab):
-    """The nodes rolled out by site.yml with this backend type (no jobs yet),
-    again only when the last rollout was of another type: the dlock_backend
-    value a node of that rollout uses."""
-    done = {}
-    current = []
-
-    def provision(backend_type):
-        if current != [backend_type]:
-            out = site(lab, backend_type, {"dlock_jobs_list": []}).stdout
-            assert "failed=0" in out
-            url = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)
-            done[backend_type] = {"url": url["backend"], "password": read_password(lab)}
-            current[:] = [backend_type]
-        return done[backend_type]
-    return provision
+    """rollout.provisioned on this lab: site.yml with that backend type, again
+    only when the last rollout was another."""
+    return lambda backend_type: rollout_provisioned(lab, backend_type)
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +61,7 @@ def snapshot_all(lab):
 def test_check_mode_on_fresh_hosts_changes_nothing(lab, backend_type):
     """--check of the whole rollout on hosts that have none of it: it reports
     what it would change, and writes, enables and creates nothing."""
-    if not lab.group("dlock_backend"):
-        lab.up(nodes=len(lab.group("dlock_nodes")), backend=True)
+    shape(lab, backend_type)
     if lab.ssh(lab.group("dlock_nodes")[0], "test -e /etc/dlock/dlock.json").returncode == 0:
         pytest.skip("the nodes are not fresh (an earlier rollout on this lab)")
     before = snapshot_all(lab)
@@ -111,32 +102,6 @@ def test_missing_backend_fails_preflight_and_writes_nothing(lab):
                             {"dlock_jobs_list": [{"name": "ok", "command": ["true"], "schedule": "hourly"}]}, check=False)
     assert done.returncode != 0 and "no backend" in done.stdout
     assert snapshot(lab) == before
-
-
-def test_missing_postgresql_cluster_is_named_and_nothing_written(lab, provisioned):
-    provisioned("postgresql")
-    host = lab.group("dlock_backend")[0]
-    before = snapshot_all(lab)
-    done = site(lab, "postgresql", {"dlock_jobs_list": [], "dlock_postgresql_cluster": "nosuch"}, check=False)
-    assert done.returncode != 0
-    assert "there is no cluster 15/nosuch on %s" % host in done.stdout, done.stdout[-3000:]
-    assert snapshot_all(lab) == before
-
-
-def test_check_mode_with_the_postgresql_server_stopped(lab, provisioned):
-    """--check cannot ask a stopped server what it would change: it says it
-    would start it, and neither starts it nor fails."""
-    provisioned("postgresql")
-    host = lab.group("dlock_backend")[0]
-    unit = "postgresql@15-main"
-    lab.ssh(host, "systemctl stop %s" % unit, check=True)
-    try:
-        done = site(lab, "postgresql", {"dlock_jobs_list": []}, "--check", check=False)
-        assert done.returncode == 0, done.stdout[-4000:]
-        assert re.search(r"changed: \[%s\]" % re.escape(host), done.stdout), done.stdout[-4000:]
-        assert lab.ssh(host, "systemctl is-active %s" % unit).stdout.strip() == "inactive"
-    finally:
-        lab.ssh(host, "systemctl start %s" % unit, check=True)
 
 
 METRICS_PLAY = """
@@ -233,6 +198,32 @@ def test_every_slot_runs_exactly_once_across_the_fleet(lab, provisioned, backend
                       check=False).stdout
         results = {json.loads(line)["result"] for line in log.splitlines()}
         assert results <= {"success", "skipped_duplicate", "skipped_locked"}, results
+
+
+def test_missing_postgresql_cluster_is_named_and_nothing_written(lab, provisioned):
+    provisioned("postgresql")
+    host = lab.group("dlock_backend")[0]
+    before = snapshot_all(lab)
+    done = site(lab, "postgresql", {"dlock_jobs_list": [], "dlock_postgresql_cluster": "nosuch"}, check=False)
+    assert done.returncode != 0
+    assert "there is no cluster 15/nosuch on %s" % host in done.stdout, done.stdout[-3000:]
+    assert snapshot_all(lab) == before
+
+
+def test_check_mode_with_the_postgresql_server_stopped(lab, provisioned):
+    """--check cannot ask a stopped server what it would change: it says it
+    would start it, and neither starts it nor fails."""
+    provisioned("postgresql")
+    host = lab.group("dlock_backend")[0]
+    unit = "postgresql@15-main"
+    lab.ssh(host, "systemctl stop %s" % unit, check=True)
+    try:
+        done = site(lab, "postgresql", {"dlock_jobs_list": []}, "--check", check=False)
+        assert done.returncode == 0, done.stdout[-4000:]
+        assert re.search(r"changed: \[%s\]" % re.escape(host), done.stdout), done.stdout[-4000:]
+        assert lab.ssh(host, "systemctl is-active %s" % unit).stdout.strip() == "inactive"
+    finally:
+        lab.ssh(host, "systemctl start %s" % unit, check=True)
 
 
 def test_a_backend_node_that_crashed_is_back_in_service_at_once(lab, provisioned):

@@ -38,7 +38,7 @@ def test_nodes_booted(lab):
 def test_up_again_reuses_everything(lab):
     pids = [lab.pid(n) for n in lab.nodes]
     started = time.monotonic()
-    lab.up(nodes=len(lab.group("dlock_nodes")), backend=bool(lab.group("dlock_backend")))
+    lab.up(nodes=len(lab.group("dlock_nodes")), backends=len(lab.group("dlock_backend")))
     assert time.monotonic() - started < 10  # cached image, nothing to boot
     assert [lab.pid(n) for n in lab.nodes] == pids
 

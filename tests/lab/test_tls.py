@@ -1,14 +1,19 @@
 """The backends' TLS option on the lab: site.yml with dlock_redis_tls /
 dlock_postgresql_tls, a CA and a server certificate made here for the backend
 node's address. The runners verify the server (CA and name), the plain port
-is closed, and a client that trusts another CA is refused."""
+is closed, and a client that trusts another CA is refused.
+
+Each case leaves its backend on TLS: a site.yml run costs over a minute, and
+every lab module that needs a given backend provisions it itself (test_fleet's
+`provisioned`). site.yml refusing verify-full without a CA file is checked
+without a lab (tests/integration/test_site_backend_checks.py)."""
 
 import json
 import os
 import subprocess
 
 import pytest
-from rollout import site
+from rollout import shape, site
 
 pytestmark = pytest.mark.lab
 
@@ -40,9 +45,7 @@ def put(lab, host, path, content, owner, mode):
 
 @pytest.mark.parametrize("backend_type", ["redis", "postgresql"])
 def test_runners_reach_the_backend_over_verified_tls_only(lab, tmp_path, backend_type):
-    if not lab.group("dlock_backend"):
-        lab.up(nodes=len(lab.group("dlock_nodes")), backend=True)
-    backend = lab.group("dlock_backend")[0]
+    backend = shape(lab, backend_type)[0]
     address = lab.addr(backend)
     make_certificates(str(tmp_path), address)
     names = ("ca.pem", "server.pem", "server.key", "other.pem")
@@ -58,30 +61,21 @@ def test_runners_reach_the_backend_over_verified_tls_only(lab, tmp_path, backend
     tls_vars = {prefix: True, prefix + "_cert_file": tls_dir + "/server.pem",
                 prefix + "_key_file": tls_dir + "/server.key", prefix + "_ca_file": tls_dir + "/ca.pem",
                 "dlock_backend_ca_file": NODE_CA, "dlock_jobs_list": []}
-    try:
-        site(lab, backend_type, tls_vars)
-        again = site(lab, backend_type, tls_vars).stdout
-        assert "changed=0" in again and "changed=1" not in again, again[-2500:]
-        node = lab.group("dlock_nodes")[0]
-        config = json.loads(lab.ssh(node, "cat /etc/dlock/dlock.json", check=True).stdout)
-        expected = "rediss://" if backend_type == "redis" else "?sslmode=verify-full"
-        assert expected in config["backend"] and config["ca_file"] == NODE_CA, config
-        ok = lab.ssh(node, "dlock check-clock")
-        assert ok.returncode == 0, ok.stdout + ok.stderr
-        ran = lab.ssh(node, "dlock run --job tls-probe -- true")
-        assert ran.returncode == 0, ran.stderr
-        # A client that trusts another CA is refused, with the right password.
-        other = lab.ssh(node, "dlock check-clock --ca-file /etc/dlock/other-ca.pem")
-        assert other.returncode == 75 and "certificate verify failed" in other.stderr, other.stderr
-        # No plain-text way in: the same password over a plain connection is refused.
-        plain_url = config["backend"].replace("rediss://", "redis://").replace("?sslmode=verify-full",
-                                                                               "?sslmode=disable")
-        plain = lab.ssh(node, "dlock check-clock --backend '%s'" % plain_url)
-        assert plain.returncode == 75, plain.stdout + plain.stderr
-        if backend_type == "postgresql":  # libpq does not fall back on the system trust store
-            no_ca = site(lab, backend_type, dict(tls_vars, dlock_backend_ca_file=""), check=False)
-            assert no_ca.returncode != 0 and "set dlock_backend_ca_file" in no_ca.stdout, no_ca.stdout[-2500:]
-            assert json.loads(lab.ssh(node, "cat /etc/dlock/dlock.json", check=True).stdout) == config
-    finally:
-        # Back to plain connections for whatever runs next on this lab.
-        site(lab, backend_type, {"dlock_jobs_list": []})
+    site(lab, backend_type, tls_vars)
+    again = site(lab, backend_type, tls_vars).stdout
+    assert "changed=0" in again and "changed=1" not in again, again[-2500:]
+    node = lab.group("dlock_nodes")[0]
+    config = json.loads(lab.ssh(node, "cat /etc/dlock/dlock.json", check=True).stdout)
+    expected = "rediss://" if backend_type == "redis" else "?sslmode=verify-full"
+    assert expected in config["backend"] and config["ca_file"] == NODE_CA, config
+    ok = lab.ssh(node, "dlock check-clock")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    ran = lab.ssh(node, "dlock run --job tls-probe -- true")
+    assert ran.returncode == 0, ran.stderr
+    # A client that trusts another CA is refused, with the right password.
+    other = lab.ssh(node, "dlock check-clock --ca-file /etc/dlock/other-ca.pem")
+    assert other.returncode == 75 and "certificate verify failed" in other.stderr, other.stderr
+    # No plain-text way in: the same password over a plain connection is refused.
+    plain_url = config["backend"].replace("rediss://", "redis://").replace("?sslmode=verify-full", "?sslmode=disable")
+    plain = lab.ssh(node, "dlock check-clock --backend '%s'" % plain_url)
+    assert plain.returncode == 75, plain.stdout + plain.stderr

@@ -13,12 +13,13 @@ from fleet_checks import address, secret, ssh_with_stdin  # noqa: E402
 testinfra_hosts = ["ansible://dlock_backend"]
 
 SETTINGS = "/etc/default/etcd"
+TLS_DIR = "/etc/etcd/tls"  # molecule/shared/tls_prepare.yml
 
 
 def etcdctl(host, user, command, password=None):
     """etcdctl on the member against its own address; the password, if any,
     over ssh's stdin to etcdctl's prompt (never on a command line)."""
-    prefix = "etcdctl --endpoints=http://%s:2379 -w json " % address(host)
+    prefix = "etcdctl --endpoints=https://%s:2379 --cacert %s/ca.pem -w json " % (address(host), TLS_DIR)
     if user:
         prefix += "--user %s " % user
     done = ssh_with_stdin(host, prefix + command, password or "")
@@ -45,7 +46,7 @@ def test_etcd_runs_with_the_documented_settings(host):
     assert values["ETCD_NAME"] == host.backend.get_hostname()
     assert values["ETCD_DATA_DIR"] == "/var/lib/etcd/dlock"
     assert values["ETCD_INITIAL_CLUSTER"] == ",".join(
-        "mle-b%d=http://10.77.6.%d:2380" % (i, i + 1) for i in (1, 2, 3))
+        "mle-b%d=https://10.77.6.%d:2380" % (i, i + 1) for i in (1, 2, 3))
     # What the running etcd was given (its environment: Debian's unit passes no flags).
     pid = host.check_output("systemctl show -p MainPID --value etcd")
     environ = host.check_output("tr '\\0' '\\n' < /proc/%s/environ" % pid)
@@ -98,3 +99,37 @@ def test_the_runners_role_holds_one_permission(host):
         (2, "L2Rsb2NrLw==", "L2Rsb2NrMA==")], role  # READWRITE on [/dlock/, /dlock0): --prefix /dlock/
     user = as_root(host, "user get dlock")
     assert user["roles"] == ["dlock"], user
+
+
+PROBE = """
+import json, ssl, sys, urllib.request
+url, cafile = sys.argv[1], (None if sys.argv[2] == "-" else sys.argv[2])
+context = ssl.create_default_context(cafile=cafile)  # system CAs when none is given
+try:
+    with urllib.request.urlopen(url, timeout=5, context=context) as answer:
+        print(json.dumps({"status": answer.status, "body": answer.read().decode()}))
+except Exception as error:  # what refused it is the answer
+    print(json.dumps({"error": type(error).__name__, "detail": str(error)}))
+"""
+
+
+def probe(host, url, cafile=""):
+    """An HTTP(S) GET from the member itself (python3: the nodes have no curl)."""
+    return json.loads(host.check_output("python3 -c %s %s %s", PROBE, url, cafile or "-"))
+
+
+def test_client_and_peer_ports_speak_only_verified_tls(host):
+    """No plain HTTP on either port; a client must check the server against
+    the CA, and the peer port wants a client certificate the CA signed."""
+    me = address(host)
+    for port in (2379, 2380):
+        plain = probe(host, "http://%s:%d/version" % (me, port))
+        assert plain.get("error") or "etcdserver" not in plain["body"], (port, plain)  # Go answers 400 to HTTP on a TLS port
+        unverified = probe(host, "https://%s:%d/version" % (me, port))
+        assert "CERTIFICATE_VERIFY_FAILED" in unverified.get("detail", ""), (port, unverified)
+    verified = probe(host, "https://%s:2379/version" % me, TLS_DIR + "/ca.pem")
+    assert verified.get("status") == 200 and "etcdserver" in verified["body"], verified
+    no_client_cert = probe(host, "https://%s:2380/members" % me, TLS_DIR + "/ca.pem")
+    assert no_client_cert.get("error"), no_client_cert  # peers must present a certificate
+    key = host.file(TLS_DIR + "/server.key")
+    assert (key.user, key.mode) == ("etcd", 0o600)

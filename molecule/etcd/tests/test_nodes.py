@@ -24,7 +24,8 @@ testinfra_hosts = ["ansible://dlock_nodes"]
 def test_the_runner_names_every_member(host):
     config = host.file("/etc/dlock/dlock.json")
     settings = json.loads(config.content_string)
-    assert settings["backend"] == "etcd://dlock@10.77.6.2:2379,10.77.6.3:2379,10.77.6.4:2379/dlock"
+    assert settings["backend"] == "etcd+https://dlock@10.77.6.2:2379,10.77.6.3:2379,10.77.6.4:2379/dlock"
+    assert settings["ca_file"] == "/etc/dlock/backend-ca.pem"
     assert secret("backend.password") not in config.content_string
     assert host.package("python3-etcd3gw").is_installed
 
@@ -34,3 +35,10 @@ def test_the_sample_job_runs(host):
     assert out.rc in (0, 73, 74), out.stderr  # ran, or another node holds it / ran this slot
     out = host.run("dlock run --job nightly")
     assert out.rc == 0, out.stderr
+
+
+def test_a_runner_that_trusts_another_ca_is_refused(host):
+    other = host.run("dlock check-clock --ca-file /etc/dlock/other-ca.pem")
+    assert other.rc == 75 and "certificate verify failed" in other.stderr, other.stderr
+    plain = host.run("dlock check-clock --backend etcd://dlock@10.77.6.2:2379/dlock")
+    assert plain.rc == 75, plain.stdout + plain.stderr  # nothing answers plain HTTP

@@ -167,24 +167,66 @@ def _open(settings):
 
 
 def _status_rows(settings, jobs):
-    """[(job, key)] -> the backend's view of each lock, as dicts."""
+    """[(job, key)] -> (the backend's view of each lock, as dicts, or None
+    when they cannot be read; the member and cluster health,
+    Backend.describe; the BackendError that kept the locks from being read,
+    or None). The cluster is asked either way: an etcd cluster that lost its
+    quorum serves no read, yet its members still say so."""
     backend = _open(settings)
+    rows, failure = [], None
     try:
-        rows = []
-        for job, key in jobs:
-            row = backend.query(key).as_dict()
-            row["job"] = job
-            rows.append(row)
+        try:
+            for job, key in jobs:
+                row = backend.query(key).as_dict()
+                row["job"] = job
+                rows.append(row)
+        except BackendError as exc:
+            rows, failure = None, exc
+        try:
+            info = backend.describe(cluster=True)
+        except DlockError as exc:
+            info = dict(backend.describe(), cluster={"error": str(exc)})
     finally:
         backend.close()
-    return rows
+    return rows, info, failure
+
+
+def _member_text(member):
+    if not member:
+        return "-"
+    extra = (["id " + member["id"]] if member.get("id") else []) + ([member["role"]] if member.get("role") else [])
+    return "%s%s%s" % (member["name"] + " " if member.get("name") else "", member["endpoint"],
+                       " (%s)" % ", ".join(extra) if extra else "")
+
+
+def _cluster_text(cluster):
+    """One line of what Backend.describe(cluster=True) found."""
+    if "error" in cluster:
+        return "cannot tell: %s" % cluster["error"]
+    if "members" in cluster:  # etcd
+        leader = cluster["leader"] or cluster["leader_id"]
+        down = ["%s%s" % (row["name"] + " " if row.get("name") else "", row["endpoint"])
+                for row in cluster["endpoints"] if row.get("error") or not row.get("leader")]
+        return "%s members, %d of the URL's %d healthy, leader %s%s" % (
+            "?" if cluster["members"] is None else cluster["members"], cluster["healthy"], len(cluster["endpoints"]),
+            leader or "NONE (no quorum)", "; not healthy: " + ", ".join(down) if down else "")
+    sync = cluster["sync_standbys"]
+    return "synchronous replication %s, %d standby connection(s), %s" % (
+        "on (%s)" % cluster["synchronous_standby_names"] if cluster["sync_replication"] else "off",
+        cluster["standbys_connected"],
+        "not visible which are synchronous (needs pg_monitor)" if sync is None else "%d synchronous" % sync)
 
 
 def cmd_status(args):
     # A job named without --key must exist: a typo is not "free".
     settings = load_settings(_flags(args), job=args.job, job_must_exist=bool(args.job and not args.key))
-    rows = _status_rows(settings, _jobs_to_show(settings, args))
+    rows, info, failure = _status_rows(settings, _jobs_to_show(settings, args))
+    if failure is not None:
+        _write_backend(info, sys.stderr)
+        raise failure
     if args.json:
+        for row in rows:
+            row["backend"] = info
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return 0
     table = [("JOB", "KEY", "HOLDER", "AGE", "TTL LEFT", "FENCE", "LAST RESULT")]
@@ -200,7 +242,15 @@ def cmd_status(args):
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for r in table:
         sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+    sys.stdout.write("\n")
+    _write_backend(info, sys.stdout)
     return 0
+
+
+def _write_backend(info, stream):
+    stream.write("backend: %s, answered by %s\n" % (info["backend"], _member_text(info["member"])))
+    if info["cluster"] is not None:
+        stream.write("cluster: %s\n" % _cluster_text(info["cluster"]))
 
 
 def cmd_release(args):
@@ -260,19 +310,19 @@ def cmd_metrics(args):
     if not output:
         raise ConfigError("metrics: give --output FILE, or set metrics_dir in the config")
     jobs = _jobs_to_show(settings, args)  # from the job files: known even when the backend is down
-    failure = None
-    try:
-        rows = _status_rows(settings, jobs)
+    rows, info, failure = _status_rows(settings, jobs)
+    clock_check = None
+    if failure is None:
         backend = _open(settings)
         try:
             clock_check = clock.assess(backend, settings.options.max_clock_skew)
+        except BackendError as exc:
+            rows, failure = None, exc
         finally:
             backend.close()
-    except BackendError as exc:
-        rows, clock_check, failure = None, None, exc
     periods = dict((job, lockstate.schedule_period(args.unit_dir, job)) for job, _key in jobs)
     text = report.render_families(lockstate.families(
-        rows, dict((job, p) for job, p in periods.items() if p), clock_check, time.time()))
+        rows, dict((job, p) for job, p in periods.items() if p), clock_check, time.time(), info))
     if output == "-":
         sys.stdout.write(text)
     else:

@@ -32,6 +32,16 @@ METRICS = (
     ("dlock_clock_check_safe", "gauge", "1 when this node's clock check passed (dlock check-clock)."),
     ("dlock_clock_check_offset_seconds", "gauge", "Backend clock minus this node's clock, at the last refresh."),
     ("dlock_clock_chrony_synchronised", "gauge", "1 when chrony reports this node synchronised."),
+    ("dlock_backend_info", "gauge", "The backend member that answered this node's refresh, as labels."),
+    ("dlock_backend_cluster_members", "gauge", "Voting members in the etcd cluster's member list."),
+    ("dlock_backend_cluster_members_healthy", "gauge",
+     "Members of the backend URL that answered this node and know a leader, with no alarm."),
+    ("dlock_backend_cluster_leader", "gauge", "1 when the etcd members this node reaches agree on a leader."),
+    ("dlock_backend_sync_replication_enabled", "gauge",
+     "1 when the PostgreSQL primary's synchronous_standby_names asks for a synchronous standby."),
+    ("dlock_backend_standbys_connected", "gauge", "Standbys connected to the PostgreSQL primary (pg_stat_replication)."),
+    ("dlock_backend_sync_standbys", "gauge",
+     "Standbys streaming as synchronous to the PostgreSQL primary (absent when the role may not see it)."),
 )
 _ELAPSE = re.compile(r"^\s*(?:Next elapse|Iter\. #2): \w+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC$", re.M)
 
@@ -56,12 +66,35 @@ def schedule_period(unit_dir, job):
     return (times[1] - times[0]).total_seconds() if len(times) == 2 else None
 
 
-def families(rows, periods, clock, refreshed_at):
+def _backend_samples(samples, info):
+    """The member that answered and the cluster's health (Backend.describe(cluster=True))."""
+    member = info.get("member")
+    if member:
+        labels = {"backend": info["backend"], "member": member["endpoint"]}
+        labels.update(("member_" + k, member[k]) for k in ("name", "role") if member.get(k))
+        samples["dlock_backend_info"].append((labels, 1))
+    cluster = info.get("cluster") or {}
+    if "healthy" in cluster:  # etcd
+        if cluster["members"] is not None:
+            samples["dlock_backend_cluster_members"].append(({}, cluster["members"]))
+        samples["dlock_backend_cluster_members_healthy"].append(({}, cluster["healthy"]))
+        samples["dlock_backend_cluster_leader"].append(({}, 1 if cluster["leader_id"] else 0))
+    if "sync_replication" in cluster:  # PostgreSQL
+        samples["dlock_backend_sync_replication_enabled"].append(({}, 1 if cluster["sync_replication"] else 0))
+        samples["dlock_backend_standbys_connected"].append(({}, cluster["standbys_connected"]))
+        if cluster["sync_standbys"] is not None:
+            samples["dlock_backend_sync_standbys"].append(({}, cluster["sync_standbys"]))
+
+
+def families(rows, periods, clock, refreshed_at, backend=None):
     """Metric families for report.render_families.
 
     rows: `dlock status --json` rows (None when the backend could not be
-    queried); periods: {job: seconds}; clock: clock.assess() or None."""
+    queried); periods: {job: seconds}; clock: clock.assess() or None;
+    backend: Backend.describe(cluster=True) or None."""
     samples = dict((name, []) for name, _kind, _help in METRICS)
+    if backend:
+        _backend_samples(samples, backend)
     for row in rows or []:
         labels = {"job": row["job"], "key": row["key"]}
         held = bool(row.get("held"))

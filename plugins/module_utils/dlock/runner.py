@@ -85,6 +85,9 @@ class Runner(object):
         asked = time.monotonic()
         grant, attempts, sent = acquire(backend, self.s.key, self.owner, self.o, slot)
         self.record.update(attempt=attempts, wait_ms=int((time.monotonic() - asked) * 1000))
+        # The member that answered the acquire: on a cluster, the one that granted (or refused).
+        member = backend.describe()["member"] or {}
+        self.record.update(member=member.get("endpoint"), member_id=member.get("id"))
         self.gauges["dlock_lock_wait_seconds"] = round(time.monotonic() - asked, 3)
         if not grant.granted:
             self.record["holder"] = grant.holder.owner if grant.holder else None

@@ -11,6 +11,11 @@ def validate_key(key, field="key"):
     return validate.lock_key(key, field)
 
 
+def endpoint(host, port):
+    """host:port as a URL writes it ([v6]:port)."""
+    return "%s:%s" % ("[%s]" % host if ":" in str(host) else host, port)
+
+
 def lease_ms(seconds, field="ttl", minimum=1.0, maximum=validate.MAX_DURATION):
     """A lease or marker length in whole milliseconds for the server: finite
     and bounded, so no grant can ever be written without an expiry (a Lua
@@ -131,6 +136,23 @@ class Backend(object):
 
     def query(self, key):
         raise NotImplementedError
+
+    def describe(self, cluster=False):
+        """Which member of the backend answered the last operation, and with
+        cluster=True the cluster's health as this node sees it (`dlock
+        status`, `dlock metrics`; the run's log line names the member that
+        answered its grant). A dict:
+
+          backend  the backend's name
+          member   {"endpoint": "host:port", and where known "name", "id",
+                   "role"}; None before any answer
+          cluster  what the backend can tell of its cluster, cheaply and with
+                   the runners' own rights (etcd: members, healthy members,
+                   leader; PostgreSQL: standbys); None when there is none
+
+        member costs no request (it is what the last answer said); cluster
+        may ask the backend and raise a DlockError."""
+        return {"backend": self.name, "member": None, "cluster": None}
 
     def reset(self):
         """Forget the current connection (after a stuck operation)."""

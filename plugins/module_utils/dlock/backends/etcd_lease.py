@@ -46,7 +46,7 @@ from ..errors import AuthError, BackendError, ConfigError, MissingDriver
 from ..options import BACKEND_MIN_TTL
 from ..safefile import require_regular
 from ..validate import MAX_DURATION, backend_url
-from .base import Backend, Grant, Holder, lease_ms
+from .base import Backend, Grant, Holder, endpoint, lease_ms
 
 try:
     import requests
@@ -126,6 +126,9 @@ class EtcdBackend(Backend):
         self.endpoints = [(host, port or DEFAULT_PORT) for host, port in parts.hosts]
         self._clients = None
         self._current = 0  # the member that answered last is asked first
+        self._answered = False  # whether _current has answered yet
+        self._member_ids = {}  # endpoint index -> the member id its answers' headers carry
+        self._member_names = {}  # member id -> name, from the member list (describe(cluster=True))
         self._token = None
         self._leases = {}  # (key, owner) -> the lease id of our grant, for renew
         self._seen = {}  # key -> revision at which we last saw it held, for wait_change
@@ -167,7 +170,9 @@ class EtcdBackend(Backend):
             except _Unavailable as exc:
                 errors.append("%s:%s: %s" % (client.host, client.port, exc))
                 continue
-            self._current = index
+            self._current, self._answered = index, True
+            if not stream and response.get("header", {}).get("member_id"):
+                self._member_ids[index] = response["header"]["member_id"]
             return response
         raise BackendError("etcd: no member answered within op_timeout (%.3gs): %s"
                            % (self.op_timeout, "; ".join(errors) or "no time left"))
@@ -522,6 +527,72 @@ class EtcdBackend(Backend):
             return  # the read timed out (no release within timeout) or the stream broke
         finally:
             response.close()
+
+    def describe(self, cluster=False):
+        """The member that answered last: its endpoint in the URL and the
+        member id of its answers' header (its name once the member list
+        was read). With cluster=True, every member of the URL is asked for
+        its status (maintenance/status: its leader, its errors such as "no
+        leader" or an alarm) within one op_timeout, and any member for the
+        member list; etcd 3.4 lets any authenticated user call both."""
+        info = {"backend": self.name, "member": None, "cluster": None}
+        if cluster:
+            info["cluster"] = self._cluster()
+        if self._answered:
+            info["member"] = self._member(self._current, info["cluster"])
+        return info
+
+    def _member(self, index, cluster=None):
+        member = {"endpoint": endpoint(*self.endpoints[index])}
+        member_id = self._member_ids.get(index)
+        if member_id:
+            member["id"] = "%x" % int(member_id)
+            if int(member_id) in self._member_names:
+                member["name"] = self._member_names[int(member_id)]
+            if cluster and cluster.get("leader_id"):
+                member["role"] = "leader" if member["id"] == cluster["leader_id"] else "follower"
+        return member
+
+    def _cluster(self):
+        """The cluster as this node sees it: voting members in the member
+        list, the members of the URL that answer and know a leader, and
+        the leader."""
+        deadline = time.monotonic() + self.op_timeout
+        clients = self._members()
+        seen, leaders = [], set()
+        for index, client in enumerate(clients):
+            # An equal share of what is left each, as _post gives its tries.
+            share = (deadline - time.monotonic()) / (len(clients) - index)
+            try:
+                if share <= 0:
+                    raise _Unavailable("no time left")
+                status = self._post_to(client, "/maintenance/status", {}, share, False, None)
+            except _Unavailable as exc:
+                seen.append(dict(self._member(index), error=str(exc)))
+                continue
+            self._member_ids[index] = status.get("header", {}).get("member_id") or self._member_ids.get(index)
+            errors = status.get("errors") or []
+            leader = int(status.get("leader") or 0)  # 0 (left out of the JSON): no leader known
+            if leader and not errors:
+                leaders.add(leader)
+            seen.append(dict(self._member(index), leader="%x" % leader if leader else None,
+                             **({"error": "; ".join(errors)} if errors else {})))
+        voting = None
+        try:
+            members = self._post("/cluster/member/list", {}).get("members") or []
+        except BackendError:
+            members = []  # no member answered: the statuses say why
+        else:
+            voting = len([m for m in members if not m.get("isLearner")])
+        self._member_names.update((int(m["ID"]), m.get("name") or "") for m in members)
+        for row in seen:  # names, now that the list was read
+            name = self._member_names.get(int(row.get("id", "0"), 16))
+            if name:
+                row["name"] = name
+        leader_id = "%x" % leaders.pop() if len(leaders) == 1 else None
+        return {"members": voting, "healthy": len([r for r in seen if r.get("leader") and "error" not in r]),
+                "leader_id": leader_id, "leader": self._member_names.get(int(leader_id, 16)) if leader_id else None,
+                "endpoints": seen}
 
     def reset(self):
         clients, self._clients = self._clients, None

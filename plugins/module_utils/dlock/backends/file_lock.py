@@ -66,6 +66,10 @@ class FileBackend(Backend):
     def wait_change(self, key, timeout):
         time.sleep(max(0.0, min(timeout, POLL)))
 
+    def describe(self, cluster=False):
+        """This host's lock directory: the only "server" there is."""
+        return {"backend": self.name, "member": {"endpoint": self.directory}, "cluster": None}
+
     def acquire(self, key, owner, ttl, slot=None):
         try:
             # exist_ok: runners started together race to create it.

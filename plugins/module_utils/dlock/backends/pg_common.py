@@ -19,7 +19,7 @@ import time
 from ..errors import AuthError, BackendError, DlockError, MissingDriver
 from ..validate import MAX_DURATION
 from ..watchdog import Watchdog
-from .base import Backend, Grant, Holder, lease_ms
+from .base import Backend, Grant, Holder, endpoint, lease_ms
 
 try:
     import psycopg
@@ -158,6 +158,20 @@ RETURNING owner IS NULL
 # min_hold keeps it: they wake by its expiry). Notifications go out at commit.
 RELEASE_NOTIFY = "WITH released AS (" + RELEASE + ") SELECT free, CASE WHEN free THEN " + NOTIFY_FIRST + \
     " END FROM released AS r (free)"
+
+# The primary's synchronous replication, as far as the runners' role may see
+# it. pg_stat_replication shows any role one row per standby connection, but
+# its state and sync_state only to roles with the rights of pg_read_all_stats
+# (pg_monitor has them); the dlock_postgresql role grants its role no
+# membership, so a least-privilege runner sees how many standbys are
+# connected and whether synchronous_standby_names asks for one, not whether
+# a connected standby is synchronous yet.
+REPLICATION = """
+SELECT current_setting('synchronous_standby_names'), count(*),
+       count(*) FILTER (WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')),
+       pg_has_role('pg_read_all_stats', 'USAGE'), pg_is_in_recovery()
+  FROM pg_stat_replication
+"""
 
 UNDO_SLOT = "DELETE FROM dlock_slot WHERE key = %s AND slot = %s AND owner = %s"
 
@@ -349,6 +363,22 @@ class PgBackend(Backend):
             raise CommitUnknown("postgresql: the commit is not known to be replicated to a synchronous standby: %s"
                                 % warning)
         return result
+
+    def describe(self, cluster=False):
+        """The server this session is on (with a multi-host URL, the one
+        libpq found read-write) and, with cluster=True, its synchronous
+        standbys as far as the role may see them (REPLICATION)."""
+        info = {"backend": self.name, "member": None, "cluster": None}
+        if cluster:
+            names, connected, sync, visible, standby = self._run(lambda conn: conn.execute(REPLICATION).fetchone())
+            info["cluster"] = {"primary": not standby, "synchronous_standby_names": names,
+                               "sync_replication": bool(names.strip()), "standbys_connected": connected,
+                               "sync_standbys": sync if visible else None}
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            # Every session is read-write (target_session_attrs): on the primary.
+            info["member"] = {"endpoint": endpoint(conn.info.host, conn.info.port), "role": "primary"}
+        return info
 
     def reset(self):
         self._listening = None

@@ -23,7 +23,7 @@ import time
 
 from ..errors import AuthError, BackendError, MissingDriver
 from ..validate import MAX_DURATION
-from .base import Backend, Grant, Holder, lease_ms
+from .base import Backend, Grant, Holder, endpoint, lease_ms
 
 try:
     import redis
@@ -318,6 +318,11 @@ class RedisBackend(Backend):
             if message is not None and message["type"] == "message" and message["channel"] == channel \
                     and (owner is None or message["data"] == owner):
                 return
+
+    def describe(self, cluster=False):
+        """The one server of the URL (a lock never runs on Redis replicas)."""
+        kwargs = self.client.connection_pool.connection_kwargs
+        return {"backend": self.name, "member": {"endpoint": endpoint(kwargs["host"], kwargs["port"])}, "cluster": None}
 
     def close(self):
         self._close_pubsub()
