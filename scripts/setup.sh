@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 DEBS=(
   redis-server redis-tools postgresql          # real backends for the engine/module tests
+  pgbouncer                                    # waiting through a pooler in transaction mode
   etcd-server etcd-client
   prometheus                                   # promtool: check metrics and rules
   debootstrap systemd-container iproute2 iptables  # the lab: nspawn nodes in network namespaces

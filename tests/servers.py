@@ -277,6 +277,38 @@ class EtcdServer(object):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class PgBouncer(object):
+    """PgBouncer (Debian's) in transaction pooling in front of a PostgresServer's
+    database 'dlock', as user postgres: a client's transactions share a small
+    pool of server sessions, as on a pooled fleet."""
+
+    def __init__(self, server, pool_size=2):
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="dlock-pgbouncer-")
+        user = pwd.getpwnam("postgres")
+        os.chown(self.dir, user.pw_uid, user.pw_gid)
+        config = os.path.join(self.dir, "pgbouncer.ini")
+        with open(config, "w") as handle:
+            handle.write("[databases]\ndlock = host=127.0.0.1 port=%d dbname=dlock user=postgres\n"
+                         "[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = %d\nunix_socket_dir =\n"
+                         "auth_type = any\npool_mode = transaction\ndefault_pool_size = %d\n"
+                         "max_client_conn = 100\nlogfile = %s\n"
+                         % (server.port, self.port, pool_size, os.path.join(self.dir, "pgbouncer.log")))
+        # It refuses to run as root.
+        self.proc = subprocess.Popen(["runuser", "-u", "postgres", "--", "pgbouncer", config],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.port, self.proc)
+
+    def url(self):
+        return "postgresql://postgres@127.0.0.1:%d/dlock" % self.port
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class PostgresStandby(PostgresServer):
     """A hot standby streaming from a PostgresServer (pg_basebackup -R): the
     same roles and data, read-only, on its own port."""

@@ -2,8 +2,8 @@
 # Copyright: (c) 2025, dlock.fleet developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-"""The lock operation of dlock.fleet.dlock: query, acquire (waiting with
-backoff), release, force release, with check mode and diff.
+"""The lock operation of dlock.fleet.dlock: query, acquire (waiting in
+line, as the runner does: dlock/waiting.py), release, force release, with check mode and diff.
 
 The same code runs in the action plugin on the controller (the default) and
 in the module on a target (run_on=target). Engine errors become a LockFailed
@@ -18,13 +18,13 @@ from ansible.module_utils.basic import missing_required_lib
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Holder, open_backend
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backoff import backoff_cap, backoff_delay
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.config import read_secret
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import require_regular
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import format_duration
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, ConfigError, MissingDriver
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import MIN_TTL, check_backend_ttl
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.runner import new_owner
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.waiting import acquire as wait_in_line
 
 
 class LockFailed(Exception):
@@ -133,6 +133,8 @@ def _duration(seconds):
 
 def describe(holder):
     """One line about a key's holder, for messages."""
+    if holder.owner is None and holder.queued:
+        return "%s is free, but %d waiter(s) came first (fence %d)" % (holder.key, holder.queued, holder.fence)
     if holder.owner is None:
         return "%s is free (fence %d)" % (holder.key, holder.fence)
     text = "%s is held by %s" % (holder.key, holder.owner)
@@ -193,25 +195,21 @@ def query(backend, request, check_mode, diff):
     return _result(request, holder, False, describe(holder), diff=False)
 
 
-def acquire_waiting(backend, request, sleep=None, clock=None):
+def acquire_waiting(backend, request, clock=None):
     """('granted' | 'renewed' | 'busy', last Grant, seconds waited). Our own lease
     (an earlier task of this run, or another host of it) is renewed, not waited for."""
-    sleep, clock = sleep or time.sleep, clock or time.monotonic
+    clock = clock or time.monotonic
     started = clock()
-    attempt = 0
     while True:
-        attempt += 1
-        grant = backend.acquire(request.key, request.owner, request.ttl)
+        remaining = max(0.0, started + request.wait - clock())
+        grant = wait_in_line(backend, request.key, request.owner, request.ttl, None, remaining, clock)[0]
         if grant.granted:
             return "granted", grant, clock() - started
         if grant.holder is not None and grant.holder.owner == request.owner:
             if backend.renew(request.key, request.owner, request.ttl):
                 return "renewed", grant, clock() - started
             continue  # it expired in between: ask again
-        remaining = started + request.wait - clock()
-        if remaining <= 0:
-            return "busy", grant, clock() - started
-        sleep(min(remaining, backoff_delay(attempt, backoff_cap(request.ttl))))
+        return "busy", grant, clock() - started
 
 
 def acquire(backend, request, check_mode, diff):

@@ -52,7 +52,7 @@ options:
     default: 60
   wait:
     description:
-      - How long to wait for a lock held by another owner, retrying with exponential backoff and jitter.
+      - How long to wait for a lock held by another owner, in line with the other waiters (first come, first served), woken when it is released.
       - V(0) fails at once when the lock is busy.
       - Seconds, or a duration such as V(30s), V(10m).
     type: raw

@@ -81,6 +81,18 @@ def test_the_engine_works_under_the_role(pg_server, provisioned, unique_key):
             assert a.acquire(key, "owner-a", 5).granted
             assert b.force_release(key).owner == "owner-a"  # an operator breaking a runner's lock
             assert b.server_time() > 0
+            # Waiting in line: ticket, LISTEN, the wake-up on release, leaving
+            # (a fresh runner: the force release ended a's session, advisory).
+            a.close()
+            a = open_backend(url, password=PASSWORD)
+            assert a.acquire(key, "owner-a", 5).granted
+            b.join_queue(key, "owner-b", 3)
+            assert b.acquire(key, "owner-b", 5).status == "locked"
+            assert a.release(key, "owner-a")
+            b.wait_change(key, 5)
+            assert b.acquire(key, "owner-b", 5).granted
+            b.leave_queue(key, "owner-b")
+            assert b.release(key, "owner-b")
         finally:
             a.close()
             b.close()

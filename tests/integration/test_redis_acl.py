@@ -23,7 +23,8 @@ def acl_redis(own_redis):
     with open(ROLE_VARS) as handle:
         role = yaml.safe_load(handle)
     admin = own_redis.client()
-    rules = ["reset", "on", ">" + PASSWORD, "~" + role["__dlock_redis_key_pattern"], "resetchannels", "-@all"]
+    rules = ["reset", "on", ">" + PASSWORD, "~" + role["__dlock_redis_key_pattern"], "resetchannels",
+             "&" + role["__dlock_redis_channel_pattern"], "-@all"]
     rules += ["+" + command for command in role["__dlock_redis_acl_commands"]]
     admin.execute_command("ACL", "SETUSER", "dlock", *rules)
     admin.execute_command("ACL", "LOG", "RESET")
@@ -48,6 +49,20 @@ def test_every_engine_call_passes_the_role_acl(acl_redis, unique_key):
     assert backend.acquire(unique_key, "owner-c", 5).granted
     assert backend.force_release(unique_key).owner == "owner-c"
     assert backend.server_time() > 0
+    # Waiting in line: the ticket, the wake channel, the wake-ups on release and force release.
+    url = "redis://dlock@127.0.0.1:%d/0" % admin.connection_pool.connection_kwargs["port"]
+    waiter = open_backend(url, password=PASSWORD)
+    assert backend.acquire(unique_key, "owner-a", 5).granted
+    waiter.join_queue(unique_key, "owner-w", 3)
+    assert waiter._pubsub is not None, "the subscription to the wake channel was refused"
+    assert waiter.acquire(unique_key, "owner-w", 5).status == "locked"
+    assert backend.release(unique_key, "owner-a")
+    waiter.wait_change(unique_key, 5)
+    assert waiter.acquire(unique_key, "owner-w", 5).granted
+    waiter.join_queue(unique_key, "owner-x", 3)  # another waiter, as the first one takes the lock
+    assert waiter.leave_queue(unique_key, "owner-x")
+    assert backend.force_release(unique_key).owner == "owner-w"
+    waiter.close()
     assert admin.execute_command("ACL", "LOG") == [], "the ACL refused a call the engine made"
 
 

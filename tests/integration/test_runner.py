@@ -80,7 +80,7 @@ def test_sigkill_of_holder_lease_expires_and_next_fence_is_higher(every_backend,
     if not every_backend.startswith(("file:", "postgresql+advisory:")):
         # A server-side lease outlives its dead holder until the TTL runs out:
         # the taker found it held, then got it within the TTL (plus slack for
-        # backoff steps and a loaded 2-core machine).
+        # a loaded 2-core machine).
         assert log["attempt"] > 1
         assert log["wait_ms"] / 1000.0 < 3 + 3.0
     assert run["start"] > killed_at

@@ -1,6 +1,6 @@
 """`dlock run`: take the lease, run the job under it, fence, release, report.
 
-Order of a run: clock check -> acquire (skip, or wait with backoff) -> spawn
+Order of a run: clock check -> acquire (skip, or wait in line: waiting.py) -> spawn
 the job in its own process group -> heartbeat renews while the main loop
 watches the LeaseDeadline, max_runtime and signals -> release (owner-checked,
 min_hold kept) -> one log line and the metrics.
@@ -14,13 +14,13 @@ import time
 
 from . import clock, report
 from .backends import Slot, open_backend
-from .backoff import backoff_cap, backoff_delay
 from .child import Child, exit_status
 from .deadline import LeaseDeadline, now
 from .errors import BackendError, ClockUnsafe, DlockError
 from .heartbeat import Heartbeat
 from .slots import marker_ttl, run_id, slot_number
 from .validate import shown
+from .waiting import acquire as acquire_waiting
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_MAX_RUNTIME = 124  # as timeout(1): the job was stopped for running too long
@@ -33,19 +33,10 @@ def new_owner(prefix=None):
 
 
 def acquire(backend, key, owner, options, slot):
-    """(grant, attempts, deadline.now() when the granting request was sent)."""
-    give_up_at = time.monotonic() + (options.wait_timeout if options.on_contention == "wait" else 0)
-    attempt = 0
-    while True:
-        attempt += 1
-        sent = now()
-        grant = backend.acquire(key, owner, options.ttl, slot)
-        if grant.status != "locked" or options.on_contention == "skip":
-            return grant, attempt, sent
-        remaining = give_up_at - time.monotonic()
-        if remaining <= 0:
-            return grant, attempt, sent
-        backend.wait_change(key, remaining, backoff_delay(attempt, backoff_cap(options.ttl)))
+    """(grant, attempts, deadline.now() when the granting request was sent):
+    the boot-time clock the lease deadlines are judged on."""
+    wait = options.wait_timeout if options.on_contention == "wait" else 0
+    return acquire_waiting(backend, key, owner, options.ttl, slot, wait, clock=now)
 
 
 class Runner(object):

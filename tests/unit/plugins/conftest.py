@@ -70,6 +70,12 @@ class FakeBackend(Backend):
         return Holder(key, owner=lease["owner"], fence=lease["fence"], acquired_at=lease["acquired"],
                       ttl_remaining=lease["expires"] - self.now, server_time=self.now)
 
+    def join_queue(self, key, owner, ttl):
+        self.calls.append(("join_queue", key, owner))
+
+    def leave_queue(self, key, owner):
+        self.calls.append(("leave_queue", key, owner))
+
     def hold_by(self, key, owner, ttl=30.0):
         """Another owner takes the key."""
         assert self.acquire(key, owner, ttl).granted

@@ -52,7 +52,7 @@ class Holder(object):
     """What the backend knows of a key. owner is None when nobody holds it."""
 
     def __init__(self, key, owner=None, fence=0, acquired_at=None, ttl_remaining=None,
-                 last=None, server_time=None):
+                 last=None, server_time=None, queued=None):
         self.key = key
         self.owner = owner
         self.fence = fence
@@ -60,6 +60,7 @@ class Holder(object):
         self.ttl_remaining = ttl_remaining  # seconds; None: no expiry (held by a session)
         self.last = last  # dict describing the last finished run, or None
         self.server_time = server_time
+        self.queued = queued  # waiters in line, when the lock is free but they come first
 
     @property
     def age(self):
@@ -111,12 +112,24 @@ class Backend(object):
     def server_time(self):
         raise NotImplementedError
 
-    def wait_change(self, key, timeout, poll):
-        """Wait, at most `timeout` seconds, until `key` may have been released.
-        The default polls: it sleeps `poll` seconds (the caller's backoff with
-        jitter) and lets the caller ask again. A backend that is told about
-        changes (etcd's watch) waits for the release itself instead."""
-        time.sleep(min(timeout, poll))
+    def join_queue(self, key, owner, ttl):
+        """Take owner's place at the end of key's line of waiters, or keep the
+        place it has: its ticket then lives `ttl` seconds more. From then on
+        wait_change(key) returns when the lock or the line changes. While
+        live tickets exist, acquire() grants only to the first of them (a
+        caller without a ticket is refused). The default keeps no line."""
+
+    def leave_queue(self, key, owner):
+        """Give up owner's place in line (granted, or done waiting)."""
+
+    def wait_change(self, key, timeout):
+        """Wait at most `timeout` seconds, less when the backend tells of a
+        release or a change of the line (it says nothing of lease expiries:
+        the caller wakes for those by the holder's ttl_remaining). Never a
+        grant, never an error: any trouble ends in a plain sleep, and the
+        caller's next request says whether the backend is down. The default
+        sleeps the whole timeout."""
+        time.sleep(max(0.0, timeout))
 
     def acquire(self, key, owner, ttl, slot=None):
         raise NotImplementedError

@@ -7,7 +7,15 @@ readwrite permission on the prefix P/ suffices):
   P/KEY/fence   empty, written in every grant: its mod_revision is the last fence
   P/KEY/slot/N  once-per marker of slot N (the owner), with its own lease
   P/KEY/last    JSON of the last finished run
+  P/KEY/queue/OWNER  a waiter's ticket, attached to a lease of its own
 Lock keys cannot hold '/', so no key's names reach into another key's.
+
+The line of waiters is etcd's own lock recipe (its concurrency package):
+tickets in the order of their create_revision. The grant's transaction
+compares, besides the lock key, the whole P/KEY/queue/ range: every live
+ticket there must be ours or younger than ours (none at all for a caller
+without a ticket). A waiter keeps its ticket's lease alive while it waits;
+a dead waiter's ticket goes with its lease.
 
 Fencing token: the lock key's create_revision, the store's revision of the
 grant. etcd's revision only grows (across grants, leader changes and
@@ -125,6 +133,8 @@ class EtcdBackend(Backend):
         self._token = None
         self._leases = {}  # (key, owner) -> the lease id of our grant, for renew
         self._seen = {}  # key -> revision at which we last saw it held, for wait_change
+        self._tickets = {}  # (key, owner) -> (lease id or None, create_revision) of our place in line
+        self._watched = {}  # key -> the one name whose deletion moves us up the line (wait_change)
 
     # -- transport --------------------------------------------------------------
     def _members(self):
@@ -240,6 +250,22 @@ class EtcdBackend(Backend):
         base = "%s/%s/" % (self.prefix, key)
         return base + "lock", base + "fence", base + "last"
 
+    def _queue(self, key):
+        return "%s/%s/queue/" % (self.prefix, key)
+
+    def _queue_compare(self, key, owner):
+        """The grant's condition on the line: no live ticket older than ours
+        (a range compare holds for every key in the range; an empty range
+        compares as create_revision 0)."""
+        queue = self._queue(key)
+        ticket = self._tickets.get((key, owner))
+        compare = {"key": _b64(queue), "range_end": _b64(_prefix_end(queue)), "target": "CREATE"}
+        if ticket is None:
+            compare.update(result="EQUAL", create_revision=0)
+        else:
+            compare.update(result="GREATER", create_revision=ticket[1] - 1)
+        return compare
+
     # -- the Backend contract ---------------------------------------------------
     def server_time(self):
         """The member's wall clock, from the HTTP Date header of an answer:
@@ -265,9 +291,16 @@ class EtcdBackend(Backend):
 
     def _acquire(self, key, owner, ttl, slot):
         lock, fence, _last = self._names(key)
+        if (key, owner) in self._tickets:
+            # A waiter: most of its tries are refused; a read says so without
+            # the lease grant and revoke (two writes through Raft) of a full try.
+            refusal = self._refused_in_line(key, owner)
+            if refusal is not None:
+                return refusal
         lease = self._grant_lease(_seconds(ttl, "ttl", self.min_ttl))
         value = json.dumps({"owner": owner, "acquired_at": time.time()}, sort_keys=True)
-        compare = [{"key": _b64(lock), "target": "CREATE", "result": "EQUAL", "create_revision": 0}]
+        compare = [{"key": _b64(lock), "target": "CREATE", "result": "EQUAL", "create_revision": 0},
+                   self._queue_compare(key, owner)]
         success = [{"request_put": {"key": _b64(lock), "value": _b64(value), "lease": lease}},
                    {"request_put": {"key": _b64(fence), "value": ""}}]
         failure = [{"request_range": {"key": _b64(lock)}}]
@@ -314,8 +347,8 @@ class EtcdBackend(Backend):
         marker_kv = _first_kv(answer["responses"][1]) if slot is not None else None
         if marker_kv is not None:
             return Grant("duplicate", holder=Holder(key, owner=marker_kv.value))
-        if held is None:
-            raise BackendError("etcd: the grant of %s failed, yet neither the lock nor the slot is held" % key)
+        if held is None:  # free, but others came first
+            return Grant("locked", holder=Holder(key, queued=self._waiters(key), server_time=time.time()))
         return Grant("locked", holder=self._holder(key, held))
 
     def _holder(self, key, held, last=None, fence=0):
@@ -414,22 +447,93 @@ class EtcdBackend(Backend):
         last = (last_kv.record() or None) if last_kv is not None else None
         return self._holder(key, held, last, fence_kv.mod_revision if fence_kv is not None else 0)
 
-    def wait_change(self, key, timeout, poll):
-        """Watch the lock key for its deletion (release, force_release or the
-        lease's expiry), from just after the revision at which we saw it
-        held, so a release in between is not missed; at most `timeout`.
-        Any trouble with the watch ends the wait early: the caller asks again,
-        and a backend that is down then says so."""
-        lock = self._names(key)[0]
+    # -- waiting ----------------------------------------------------------------
+    def _refused_in_line(self, key, owner):
+        """A "locked" Grant when the lock is held or another ticket comes
+        first, from one read-only transaction; None when a grant may succeed."""
+        lock, queue = self._names(key)[0], self._queue(key)
+        queue_range = {"key": _b64(queue), "range_end": _b64(_prefix_end(queue))}
+        # The ticket just before ours, the one whose deletion lets us move up.
+        before = dict(queue_range, max_create_revision=self._tickets[(key, owner)][1] - 1, sort_order="DESCEND",
+                      sort_target="CREATE", limit=1, keys_only=True)
+        answer = self._txn([{"key": _b64(lock), "target": "CREATE", "result": "EQUAL", "create_revision": 0},
+                            self._queue_compare(key, owner)], [],
+                           [{"request_range": {"key": _b64(lock)}},
+                            {"request_range": dict(queue_range, count_only=True)},
+                            {"request_range": before}])
+        if answer.get("succeeded"):
+            return None
+        self._seen[key] = int(answer["header"]["revision"])
+        ahead = (answer["responses"][2].get("response_range", {}).get("kvs") or [None])[0]
+        # Like etcd's recipe, each waiter watches only the one before it (the
+        # first in line watches the lock): a release wakes one waiter, not all.
+        self._watched[key] = _unb64(ahead["key"]) if ahead else lock
+        held = _first_kv(answer["responses"][0])
+        if held is None:
+            waiters = int(answer["responses"][1].get("response_range", {}).get("count", 0))
+            return Grant("locked", holder=Holder(key, queued=waiters, server_time=time.time()))
+        # No ttl_remaining (one more round trip): the watch tells of the lease's end.
+        record = held.record()
+        return Grant("locked", holder=Holder(key, owner=record.get("owner"), fence=held.create_revision,
+                                             acquired_at=record.get("acquired_at"), server_time=time.time()))
+
+    def _waiters(self, key):
+        queue = self._queue(key)
+        answer = self._post("/kv/range", {"key": _b64(queue), "range_end": _b64(_prefix_end(queue)), "count_only": True})
+        return int(answer.get("count", 0))
+
+    def join_queue(self, key, owner, ttl):
+        """A ticket P/KEY/queue/OWNER on a lease of its own, created once and
+        kept alive; one whose lease ran out is taken anew, at the end of the line."""
+        ticket = self._tickets.get((key, owner))
+        if ticket is not None:
+            lease = ticket[0]
+            if lease is None or int(self._post("/lease/keepalive", {"ID": lease}).get("result", {}).get("TTL", 0)) > 0:
+                return  # ours and alive (or another process's, with the same owner, which keeps it)
+            del self._tickets[(key, owner)]
+        name = self._queue(key) + owner
+        lease = self._grant_lease(_seconds(ttl, "ticket ttl", self.min_ttl))
+        try:
+            answer = self._txn([{"key": _b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
+                               [{"request_put": {"key": _b64(name), "value": "", "lease": lease}}],
+                               [{"request_range": {"key": _b64(name)}}])
+        except BackendError:
+            self._revoke(lease)
+            raise
+        if answer.get("succeeded"):
+            self._tickets[(key, owner)] = (lease, int(answer["header"]["revision"]))
+            return
+        self._revoke(lease)
+        existing = _first_kv(answer["responses"][0])
+        if existing is not None:  # a task of the same run (same owner) on another host waits too
+            self._tickets[(key, owner)] = (None, existing.create_revision)
+
+    def leave_queue(self, key, owner):
+        ticket = self._tickets.pop((key, owner), None)
+        if ticket is not None and ticket[0] is not None:
+            self._revoke(ticket[0])  # deletes the ticket; its deletion wakes the others
+
+    def wait_change(self, key, timeout):
+        """Watch for a deletion (release, force_release, a lease's expiry, a
+        ticket leaving the line) of the one name the last refusal named, or
+        else of any of the key's names, from just after the
+        revision at which we saw it refused, so one in between is not
+        missed; at most `timeout`. Any trouble with the watch ends in a plain
+        sleep: the caller asks again, and a backend that is down then says so."""
+        base = "%s/%s/" % (self.prefix, key)
         since = self._seen.get(key)
-        request = {"key": _b64(lock), "filters": ["NOPUT"]}
+        watched = self._watched.pop(key, None)
+        if watched is not None:
+            request = {"key": _b64(watched), "filters": ["NOPUT"]}
+        else:
+            request = {"key": _b64(base), "range_end": _b64(_prefix_end(base)), "filters": ["NOPUT"]}
         if since is not None:
             request["start_revision"] = since + 1
         deadline = time.monotonic() + timeout
         try:
             response = self._post("/watch", {"create_request": request}, stream=True, read_timeout=timeout)
         except BackendError:
-            time.sleep(min(timeout, poll))  # as a polling backend would, not a busy loop
+            time.sleep(max(0.0, deadline - time.monotonic()))
             return
         try:
             for message in _json_lines(response):
@@ -528,6 +632,13 @@ def _date(response):
     if date is None:
         raise BackendError("etcd: the answer had no Date header to read the server's clock from")
     return calendar.timegm(date)
+
+
+def _prefix_end(prefix):
+    """The range_end that covers every key starting with prefix (etcd's clientv3.GetPrefixRangeEnd)."""
+    data = bytearray(prefix.encode("utf-8"))
+    data[-1] += 1  # prefixes here end in '/', never 0xff
+    return bytes(data).decode("utf-8")
 
 
 def _json_lines(response):

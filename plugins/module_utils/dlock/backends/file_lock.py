@@ -1,6 +1,9 @@
 """flock(2) on a file in one directory: mutual exclusion on one host only.
 
 The kernel drops the lock when the holding process dies, so there is no TTL.
+Waiters keep no line here: they try the flock every POLL seconds (a local
+system call), so among waiters the lock goes to whoever tries first after the
+release, as it would among processes blocked in flock(2), not by arrival.
 Beside the lock file, KEY.json (replaced atomically, under the lock) keeps the
 fence, holder, min-hold deadline, last slot and last run.
 """
@@ -14,6 +17,8 @@ import time
 from ..errors import BackendError
 from ..slots import slot_number
 from .base import Backend, Grant, Holder
+
+POLL = 0.01
 
 
 class FileBackend(Backend):
@@ -58,6 +63,9 @@ class FileBackend(Backend):
 
     def server_time(self):
         return time.time()
+
+    def wait_change(self, key, timeout):
+        time.sleep(max(0.0, min(timeout, POLL)))
 
     def describe(self, cluster=False):
         """This host's lock directory: the only "server" there is."""

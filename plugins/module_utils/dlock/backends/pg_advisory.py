@@ -18,7 +18,7 @@ import hashlib
 
 from ..errors import BackendError
 from .base import Grant
-from .pg_common import FORCE_RELEASE, PgBackend, Refused
+from .pg_common import FORCE_RELEASE, NOTIFY_FIRST, PgBackend, Refused
 
 HOLDER_PIDS = """
 SELECT pid FROM pg_locks
@@ -26,6 +26,10 @@ SELECT pid FROM pg_locks
    AND classid = %s::bigint::oid AND objid = %s::bigint::oid
    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
+
+
+# Unlock, and wake the waiters: only now can one of them take the lock.
+UNLOCK = "SELECT pg_advisory_unlock(%(id)s), " + NOTIFY_FIRST
 
 
 def lock_id(key):
@@ -61,7 +65,7 @@ class PgAdvisoryBackend(PgBackend):
                     if slot is not None and not self._claim_slot(conn, key, owner, slot):
                         raise Refused("duplicate")
             except Refused as refused:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (lock_id(key),))
+                conn.execute(UNLOCK, {"id": lock_id(key), "key": key})
                 return self._refusal(conn, key, slot, refused.status)
             self._lock_conn = conn
             return Grant("granted", fence=fence)
@@ -92,8 +96,8 @@ class PgAdvisoryBackend(PgBackend):
         self._lock_conn = None
 
         def release(conn):
-            released = self._release_row(conn, key, owner, min_hold, last)
-            conn.execute("SELECT pg_advisory_unlock(%s)", (lock_id(key),))
+            released = self._release_row(conn, key, owner, min_hold, last, notify=False)
+            conn.execute(UNLOCK, {"id": lock_id(key), "key": key})
             return released
         return self._run(release, write=True)
 
@@ -105,7 +109,7 @@ class PgAdvisoryBackend(PgBackend):
                 # or the same role as the holder.
                 if not conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]:
                     raise BackendError("postgresql: could not end session %d holding %s" % (pid, key))
-            conn.execute(FORCE_RELEASE, (key,))
+            conn.execute(FORCE_RELEASE, {"key": key})
             return holder
         return self._run(force, write=True)
 

@@ -13,6 +13,8 @@ write counts only when its commit is known to be synchronously replicated
 
 import json
 import math
+import select
+import time
 
 from ..errors import AuthError, BackendError, DlockError, MissingDriver
 from ..validate import MAX_DURATION
@@ -42,7 +44,60 @@ SCHEMA = (
         expires_at timestamptz NOT NULL,
         PRIMARY KEY (key, slot)
     )""",
+    """CREATE TABLE IF NOT EXISTS dlock_wait (
+        key text NOT NULL,
+        owner text NOT NULL,
+        arrived timestamptz NOT NULL,
+        expires_at timestamptz NOT NULL,
+        PRIMARY KEY (key, owner)
+    )""",
 )
+
+# The line of waiters: a live ticket (expires_at in the future) of another
+# owner that arrived before ours, or before now when we have none.
+WAITER_AHEAD = """
+SELECT 1 FROM dlock_wait w
+ WHERE w.key = %(key)s AND w.owner <> %(owner)s AND w.expires_at > clock_timestamp()
+   AND w.arrived < COALESCE((SELECT m.arrived FROM dlock_wait m
+                              WHERE m.key = %(key)s AND m.owner = %(owner)s AND m.expires_at > clock_timestamp()),
+                            'infinity')
+"""
+
+# Take the last place (a new ticket, or ours after it expired) or keep ours;
+# drop the key's expired tickets. The answer says whether this session
+# still listens (LISTEN was sent before, in a transaction of its own). Through
+# PgBouncer in transaction mode a LISTEN stays on a pooled server session and
+# its notifications do not reach us; when this shows it (another session ran
+# this statement) we stop sending LISTENs. Waiting never depends on them: the
+# waiter looks again at least every waiting.TICKET_REFRESH.
+JOIN_QUEUE = """
+WITH purged AS (DELETE FROM dlock_wait WHERE key = %(key)s AND expires_at <= clock_timestamp() AND owner <> %(owner)s)
+INSERT INTO dlock_wait AS w (key, owner, arrived, expires_at)
+VALUES (%(key)s, %(owner)s, clock_timestamp(), clock_timestamp() + %(ttl_ms)s * interval '1 millisecond')
+ON CONFLICT (key, owner) DO UPDATE
+   SET expires_at = excluded.expires_at,
+       arrived = CASE WHEN w.expires_at > clock_timestamp() THEN w.arrived ELSE excluded.arrived END
+RETURNING 'dlock' = ANY(ARRAY(SELECT pg_listening_channels()))
+"""
+
+# Wake the first live waiter in line (channel 'dlock', payload "KEY OWNER":
+# keys hold no spaces), if there is one; the others stay asleep. A scalar
+# subquery: it fits in a RETURNING or a select list.
+NOTIFY_FIRST = """(SELECT pg_notify('dlock', w.key || ' ' || w.owner) FROM dlock_wait w
+ WHERE w.key = %(key)s AND w.expires_at > clock_timestamp() ORDER BY w.arrived LIMIT 1)"""
+
+WAITERS = "SELECT count(*) FROM dlock_wait WHERE key = %s AND expires_at > clock_timestamp()"
+
+# Leaving may put someone else first while the lock is free: tell them.
+LEAVE_QUEUE = """
+WITH gone AS (DELETE FROM dlock_wait WHERE key = %(key)s AND owner = %(owner)s RETURNING 1)
+SELECT """ + NOTIFY_FIRST + """
+ WHERE EXISTS (SELECT 1 FROM gone)
+   AND NOT EXISTS (SELECT 1 FROM dlock_lease WHERE key = %(key)s AND owner IS NOT NULL
+                                               AND (expires_at IS NULL OR expires_at > clock_timestamp()))
+"""
+
+TABLES = ("dlock_lease", "dlock_slot", "dlock_wait")
 
 # "Now" is clock_timestamp(), never now(): now() is the transaction's start,
 # which lags real time by every wait inside the transaction (a row lock, a
@@ -53,11 +108,15 @@ SCHEMA = (
 # Grant when the key is free or its lease has expired; the fence grows by one
 # per grant and lives in the row, which is never deleted. expires_at NULL means
 # "held by a session" (advisory backend, which passes ttl_ms NULL, session true).
+# While waiters are in line (dlock_wait), only the first live one is granted:
+# nothing is inserted or updated when a live ticket is ahead of ours (or when
+# there is any and we have none).
 UPSERT_LEASE = """
 INSERT INTO dlock_lease AS l (key, owner, fence, acquired_at, expires_at)
-VALUES (%(key)s, %(owner)s, 1, clock_timestamp(),
-        CASE WHEN %(ttl_ms)s::bigint IS NULL THEN NULL
-             ELSE clock_timestamp() + %(ttl_ms)s::bigint * interval '1 millisecond' END)
+SELECT %(key)s, %(owner)s, 1, clock_timestamp(),
+       CASE WHEN %(ttl_ms)s::bigint IS NULL THEN NULL
+            ELSE clock_timestamp() + %(ttl_ms)s::bigint * interval '1 millisecond' END
+ WHERE NOT EXISTS (""" + WAITER_AHEAD + """)
 ON CONFLICT (key) DO UPDATE
    SET owner = excluded.owner, fence = l.fence + 1,
        acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
@@ -98,8 +157,13 @@ UPDATE dlock_lease
                          AND (expires_at IS NULL OR expires_at > clock_timestamp()) THEN owner END,
        last_run = COALESCE(%(last)s::jsonb, last_run)
  WHERE key = %(key)s AND owner = %(owner)s
-RETURNING 1
+RETURNING owner IS NULL
 """
+
+# The release, and a wake-up for the waiters when it freed the lock (a
+# min_hold keeps it: they wake by its expiry). Notifications go out at commit.
+RELEASE_NOTIFY = "WITH released AS (" + RELEASE + ") SELECT free, CASE WHEN free THEN " + NOTIFY_FIRST + \
+    " END FROM released AS r (free)"
 
 # The primary's synchronous replication, as far as the runners' role may see
 # it. pg_stat_replication shows any role one row per standby connection, but
@@ -119,9 +183,8 @@ UNDO_SLOT = "DELETE FROM dlock_slot WHERE key = %s AND slot = %s AND owner = %s"
 
 FORCE_RELEASE = """
 UPDATE dlock_lease SET owner = NULL, expires_at = clock_timestamp()
- WHERE key = %s AND owner IS NOT NULL
-RETURNING 1
-"""
+ WHERE key = %(key)s AND owner IS NOT NULL
+RETURNING """ + NOTIFY_FIRST
 
 
 class CommitUnknown(BackendError):
@@ -176,6 +239,10 @@ class PgBackend(Backend):
         # (severity, message, detail) of the notices of the current operation
         self._notices = []
         self._watchdog = Watchdog("dlock-pg-cancel")
+        self._listening = None  # the connection whose session LISTENs, while we wait
+        self._pooled = False  # a LISTEN did not stick to our session (PgBouncer, transaction mode)
+        self._woken = set()  # notifications ("KEY OWNER") not yet looked at
+        self._waiting_as = {}  # key -> the owner that waits in line
 
     # -- connection -------------------------------------------------------
     def _connect(self):
@@ -207,6 +274,7 @@ class PgBackend(Backend):
         except psycopg.Error as exc:
             raise BackendError("postgresql: %s" % exc)
         conn.add_notice_handler(self._on_notice)
+        conn.add_notify_handler(self._on_notify)
         try:
             # A client_min_messages set for the role or the database above
             # WARNING would hide an unreplicated commit from us.
@@ -225,12 +293,12 @@ class PgBackend(Backend):
     def _ensure_schema(self, conn):
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT to_regclass('dlock_lease') IS NOT NULL AND to_regclass('dlock_slot') IS NOT NULL")
+                cur.execute("SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest(%s::text[]) AS t", (list(TABLES),))
                 if not cur.fetchone()[0]:
                     for statement in SCHEMA:
                         try:
                             cur.execute(statement)
-                        except psycopg.errors.UniqueViolation:
+                        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject):
                             pass  # created concurrently by another runner
         except psycopg.Error as exc:
             raise BackendError("postgresql: cannot create the lease tables (%s); "
@@ -240,6 +308,11 @@ class PgBackend(Backend):
     def _on_notice(self, diag):
         # Copied out: the Diagnostic is only valid during the callback.
         self._notices.append((diag.severity_nonlocalized, diag.message_primary, diag.message_detail))
+
+    def _on_notify(self, notify):
+        # Notifications that arrive with a statement's answer (psycopg hands
+        # them here); wait_change reads the ones that arrive while it waits.
+        self._woken.add(notify.payload)
 
     def _cancel(self, conn):
         """Ask the server to cancel what conn is running (the op_timeout)."""
@@ -314,6 +387,7 @@ class PgBackend(Backend):
         return info
 
     def reset(self):
+        self._listening = None
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
@@ -383,6 +457,8 @@ class PgBackend(Backend):
         holder = self._query(conn, key)
         if status == "duplicate":
             holder.owner = self._slot_owner(conn, key, slot)
+        elif holder.owner is None:  # free, but others came first
+            holder.queued = conn.execute(WAITERS, (key,)).fetchone()[0]
         return Grant(status, holder=holder)
 
     @staticmethod
@@ -406,7 +482,59 @@ class PgBackend(Backend):
         return row[0] if row else None
 
     @staticmethod
-    def _release_row(conn, key, owner, min_hold, last):
+    def _release_row(conn, key, owner, min_hold, last, notify=True):
+        """Owner-checked release of the row; notify: wake the waiters if it freed the lock."""
         params = {"key": key, "owner": owner, "min_hold_ms": lease_ms(min_hold, "min_hold", 0.0),
                   "last": json.dumps(last, sort_keys=True) if last else None}
-        return conn.execute(RELEASE, params).fetchone() is not None
+        return conn.execute(RELEASE_NOTIFY if notify else RELEASE, params).fetchone() is not None
+
+    # -- waiting --------------------------------------------------------------
+    def join_queue(self, key, owner, ttl):
+        def join(conn):
+            if self._listening is not conn and not self._pooled:
+                # Its own transaction: a LISTEN takes effect at commit.
+                conn.execute("LISTEN dlock")
+                self._listening = conn
+            self._waiting_as[key] = owner
+            params = {"key": key, "owner": owner, "ttl_ms": lease_ms(ttl, "ticket ttl")}
+            if not conn.execute(JOIN_QUEUE, params).fetchone()[0] and self._listening is conn:
+                # A pooler in transaction mode ran the LISTEN on another server
+                # session: nobody tells us of releases; we wake by time, and
+                # send no more LISTENs into its pool.
+                self._listening, self._pooled = None, True
+        self._run(join)
+
+    def leave_queue(self, key, owner):
+        def leave(conn):
+            conn.execute(LEAVE_QUEUE, {"key": key, "owner": owner})
+            if self._listening is conn:
+                conn.execute("UNLISTEN dlock")
+            self._listening = None
+        self._run(leave)
+        self._woken.discard("%s %s" % (key, self._waiting_as.pop(key, owner)))
+
+    def wait_change(self, key, timeout):
+        """Wait for a notification naming us first in the key's line, on the
+        session that LISTENs; without one (not listening, a pooler), sleep."""
+        deadline = time.monotonic() + timeout
+        conn = self._listening if self._listening is self._conn else None
+        wake = "%s %s" % (key, self._waiting_as.get(key))
+        while wake not in self._woken:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if conn is None or conn.closed:
+                time.sleep(left)
+                return
+            try:
+                if select.select([conn.fileno()], [], [], left)[0]:
+                    conn.pgconn.consume_input()
+                while True:
+                    notify = conn.pgconn.notifies()
+                    if notify is None:
+                        break
+                    self._woken.add(notify.extra.decode("utf-8", "replace"))
+            except (psycopg.Error, OSError, ValueError):
+                self.reset()  # a broken session: the next request reconnects, or says the server is down
+                conn = None
+        self._woken.clear()  # ours is handled; the others name other waiters

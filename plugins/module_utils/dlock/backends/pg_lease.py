@@ -46,6 +46,6 @@ class PgLeaseBackend(PgBackend):
             with conn.transaction():
                 conn.execute("SELECT 1 FROM dlock_lease WHERE key = %s FOR UPDATE", (key,))
                 holder = self._query(conn, key)
-                conn.execute(FORCE_RELEASE, (key,))
+                conn.execute(FORCE_RELEASE, {"key": key})
             return holder
         return self._run(force, write=True)

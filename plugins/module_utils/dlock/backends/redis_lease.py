@@ -7,9 +7,19 @@ tag keeps one lock's keys in one cluster slot):
   dlock:{KEY}:fence   counter, never expires (fences grow across restarts with AOF)
   dlock:{KEY}:slot:N  once-per marker of slot N
   dlock:{KEY}:last    JSON of the last finished run
+  dlock:{KEY}:queue   waiters in arrival order (sorted set: owner -> place number)
+  dlock:{KEY}:tickets the same waiters' ticket expiries (sorted set: owner -> ms)
+Channel dlock:{KEY}:wake: on each release, and when a waiter leaves the line
+of a free lock, the name of the first live waiter in line: a wake-up for
+that waiter, never a grant.
+
+Only waiting touches the queue: the grant and release scripts look at it
+with EXISTS and use the sorted-set commands and PUBLISH only when it exists,
+so a runner that never waits needs no other commands than before.
 """
 
 import json
+import time
 
 from ..errors import AuthError, BackendError, MissingDriver
 from ..slots import SLOT_TRIES
@@ -27,29 +37,83 @@ except ImportError:
 # effects replication, the default since Redis 5).
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
 
-# KEYS[3], the slot marker, is passed only with once_per: an ACL limited to
+# Live tickets only: drop the expired ones (KEYS q, t: queue and tickets).
+# Wake the first live waiter in line, by name: the others stay asleep. pcall:
+# PUBLISH needs the channel in the ACL; without it waiters are not told, and
+# wake by time.
+_QUEUE = """
+local function purge(q, t, now)
+  local dead = redis.call('ZRANGEBYSCORE', t, '-inf', now)
+  if #dead > 0 then
+    redis.call('ZREM', q, unpack(dead))
+    redis.call('ZREM', t, unpack(dead))
+  end
+end
+local function wake_first(q, t, now, channel)
+  purge(q, t, now)
+  local first = redis.call('ZRANGE', q, 0, 0)[1]
+  if first then
+    redis.pcall('PUBLISH', channel, first)
+  end
+end
+"""
+
+# KEYS[5], the slot marker, is passed only with once_per: an ACL limited to
 # ~dlock:* refuses any other key name, the empty one included. With ARGV[4]
 # (the slot width, ms) the slot must be the server's current one (slots.py's
 # slot_number on TIME), else the answer names it and the caller asks again.
-ACQUIRE = _NOW + """
-if KEYS[3] and ARGV[4] then
+# A free lock goes to the first live ticket in line, or to anyone when nobody
+# waits.
+ACQUIRE = _NOW + _QUEUE + """
+if KEYS[5] and ARGV[4] then
   local current = math.floor(now / tonumber(ARGV[4]) + 0.5)
   if current ~= tonumber(ARGV[5]) then return {'moved', string.format('%d', current)} end
 end
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
-  return {'duplicate', redis.call('GET', KEYS[3])}
+if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1 then
+  return {'duplicate', redis.call('GET', KEYS[5])}
 end
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'acquired_ms')
 if lease[1] then
   return {'locked', lease[1], lease[2], lease[3], redis.call('PTTL', KEYS[1]), string.format('%d', now)}
 end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  purge(KEYS[3], KEYS[4], now)
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if first and first ~= ARGV[1] then
+    return {'queued', redis.call('ZCARD', KEYS[3]), string.format('%d', now)}
+  end
+end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, 'acquired_ms', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if KEYS[3] then
-  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
+if KEYS[5] then
+  redis.call('SET', KEYS[5], ARGV[1], 'PX', ARGV[3])
 end
 return {'granted', fence}
+"""
+
+# Take the place after the last live ticket, or keep ours; both sorted sets
+# vanish when no waiter renews for a ticket's life.
+JOIN = _NOW + _QUEUE + """
+purge(KEYS[1], KEYS[2], now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  redis.call('ZADD', KEYS[1], last[2] and tonumber(last[2]) + 1 or 1, ARGV[1])
+end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+# Leaving may put someone else first while the lock is free: tell them.
+LEAVE = _NOW + _QUEUE + """
+local left = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if left == 1 and redis.call('EXISTS', KEYS[3]) == 0 then
+  wake_first(KEYS[1], KEYS[2], now, ARGV[2])
+end
+return left
 """
 
 RENEW = """
@@ -62,7 +126,7 @@ return 0
 
 # Release keeps the lease until acquired + min_hold (lockAtLeastFor), never
 # extends it, and records the last run.
-RELEASE = _NOW + """
+RELEASE = _NOW + _QUEUE + """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
   return 0
 end
@@ -74,13 +138,19 @@ if keep > 0 and keep < redis.call('PTTL', KEYS[1]) then
   redis.call('PEXPIRE', KEYS[1], keep)
 elseif keep <= 0 then
   redis.call('DEL', KEYS[1])
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    wake_first(KEYS[3], KEYS[4], now, ARGV[4])
+  end
 end
 return 1
 """
 
-FORCE_RELEASE = """
+FORCE_RELEASE = _NOW + _QUEUE + """
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'acquired_ms')
 redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  wake_first(KEYS[2], KEYS[3], now, ARGV[1])
+end
 return lease
 """
 
@@ -88,6 +158,12 @@ return lease
 def _keys(key):
     base = "dlock:{%s}:" % key
     return base + "lease", base + "fence", base + "last"
+
+
+def _queue(key):
+    """The line of waiters (queue, tickets) and the channel that wakes them."""
+    base = "dlock:{%s}:" % key
+    return base + "queue", base + "tickets", base + "wake"
 
 
 class RedisBackend(Backend):
@@ -105,7 +181,10 @@ class RedisBackend(Backend):
             if ca_file:
                 kwargs["ssl_ca_certs"] = ca_file
         self.client = redis.Redis.from_url(url, **kwargs)
+        self.op_timeout = op_timeout
         self._scripts = {}
+        self._pubsub = None  # subscribed to the wake channel of the key we wait for
+        self._waiting_as = {}  # key -> the owner that waits in line
 
     def _script(self, source, keys, args):
         script = self._scripts.get(source)
@@ -142,6 +221,8 @@ class RedisBackend(Backend):
             return Grant("granted", fence=int(reply[1]))
         if status == "duplicate":
             return Grant("duplicate", holder=Holder(key, owner=reply[1]))
+        if status == "queued":  # free, but others came first
+            return Grant("locked", holder=Holder(key, queued=int(reply[1]), server_time=int(reply[2]) / 1000.0))
         owner_, fence_, acquired_ms, pttl, now_ms = reply[1:6]
         return Grant("locked", holder=Holder(
             key, owner=owner_, fence=int(fence_), acquired_at=int(acquired_ms) / 1000.0,
@@ -149,7 +230,8 @@ class RedisBackend(Backend):
 
     def _acquire(self, key, owner, ttl, slot):
         lease, fence, _last = _keys(key)
-        keys, args = [lease, fence], [owner, lease_ms(ttl), 0]
+        queue, tickets, _channel = _queue(key)
+        keys, args = [lease, fence, queue, tickets], [owner, lease_ms(ttl), 0]
         if slot is not None:
             keys.append("dlock:{%s}:slot:%d" % (key, slot.number))
             args[2] = lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION)
@@ -162,12 +244,15 @@ class RedisBackend(Backend):
 
     def release(self, key, owner, min_hold=0.0, last=None):
         lease, _fence, last_key = _keys(key)
+        queue, tickets, channel = _queue(key)
         record = json.dumps(last, sort_keys=True) if last else ""
-        return self._script(RELEASE, [lease, last_key], [owner, lease_ms(min_hold, "min_hold", 0.0), record]) == 1
+        return self._script(RELEASE, [lease, last_key, queue, tickets],
+                            [owner, lease_ms(min_hold, "min_hold", 0.0), record, channel]) == 1
 
     def force_release(self, key):
         before = self.query(key)
-        owner, _fence, _acquired = self._script(FORCE_RELEASE, [_keys(key)[0]], [])
+        queue, tickets, channel = _queue(key)
+        owner, _fence, _acquired = self._script(FORCE_RELEASE, [_keys(key)[0], queue, tickets], [channel])
         # Report the holder we actually removed (it may have changed since the query).
         before.owner = owner
         return before
@@ -191,10 +276,73 @@ class RedisBackend(Backend):
             server_time=sec + usec / 1e6,
         )
 
+    # -- waiting --------------------------------------------------------------
+    def join_queue(self, key, owner, ttl):
+        queue, tickets, channel = _queue(key)
+        self._waiting_as[key] = owner
+        self._subscribe(channel)  # first: a release from now on wakes us
+        self._script(JOIN, [queue, tickets], [owner, lease_ms(ttl, "ticket ttl")])
+
+    def leave_queue(self, key, owner):
+        queue, tickets, channel = _queue(key)
+        self._waiting_as.pop(key, None)
+        self._close_pubsub()  # one wait at a time per backend: nothing else to keep
+        return self._script(LEAVE, [queue, tickets, _keys(key)[0]], [owner, channel]) == 1
+
+    def _subscribe(self, channel):
+        """Subscribe (once) and wait for the server's confirmation: only then
+        is a release published after our next try sure to reach us. A
+        refusal (an ACL without the channel) leaves us without wake-ups."""
+        if self._pubsub is not None and channel in self._pubsub.channels:
+            return
+        try:
+            if self._pubsub is None:
+                self._pubsub = self.client.pubsub()
+            self._pubsub.subscribe(channel)
+            deadline = time.monotonic() + self.op_timeout
+            while time.monotonic() < deadline:
+                message = self._pubsub.get_message(timeout=deadline - time.monotonic())
+                if message is not None and message["type"] == "subscribe" and message["channel"] == channel:
+                    return
+        except redis.RedisError:
+            pass
+        self._close_pubsub()  # not confirmed: no wake-ups, waiting goes by time
+
+    def _close_pubsub(self):
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except redis.RedisError:
+                pass
+
+    def wait_change(self, key, timeout):
+        """Wait for a message on the key's wake channel (redis-py's
+        get_message(timeout) polls the subscription's socket for at most
+        that long, whatever the client's socket_timeout)."""
+        channel, owner = _queue(key)[2], self._waiting_as.get(key)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._pubsub is None:
+                time.sleep(left)
+                return
+            try:
+                message = self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+            except redis.RedisError:
+                self._close_pubsub()
+                continue
+            if message is not None and message["type"] == "message" and message["channel"] == channel \
+                    and (owner is None or message["data"] == owner):
+                return
+
     def describe(self, cluster=False):
         """The one server of the URL (a lock never runs on Redis replicas)."""
         kwargs = self.client.connection_pool.connection_kwargs
         return {"backend": self.name, "member": {"endpoint": endpoint(kwargs["host"], kwargs["port"])}, "cluster": None}
 
     def close(self):
+        self._close_pubsub()
         self.client.close()

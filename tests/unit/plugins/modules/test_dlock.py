@@ -26,7 +26,7 @@ except ImportError:  # ansible-core 2.18, the oldest supported (scripts/matrix.s
             basic._ANSIBLE_ARGS = saved
 
 from ansible_collections.dlock.fleet.plugins.module_utils import dlock_task
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backoff import backoff_cap
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import waiting
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, MissingDriver
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_args import argument_spec
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import LockFailed, Request, acquire_waiting, run
@@ -48,20 +48,22 @@ def params(**kwargs):
 
 
 class Clock(object):
-    """Monotonic time that moves only when the code sleeps; it also moves the backend's clock."""
+    """Monotonic time that moves only when the code waits (the backend's
+    wait_change); it also moves the backend's clock."""
 
     def __init__(self, backend):
         self.backend = backend
         self.t = 0.0
         self.sleeps = []
+        backend.wait_change = self.wait_change
 
     def __call__(self):
         return self.t
 
-    def sleep(self, seconds):
-        self.sleeps.append(seconds)
-        self.t += seconds
-        self.backend.now += seconds
+    def wait_change(self, key, timeout):
+        self.sleeps.append(timeout)
+        self.t += timeout
+        self.backend.now += timeout
 
 
 # -- query ------------------------------------------------------------------------------
@@ -109,29 +111,29 @@ def test_acquire_busy_fails_fast_naming_the_holder(fake_backend):
     assert [c[0] for c in fake_backend.calls].count("acquire") == 2  # hold_by + one try
 
 
-def test_wait_backs_off_until_the_holder_expires(fake_backend):
+def test_wait_wakes_when_the_holders_lease_ends(fake_backend):
     fake_backend.hold_by("nightly", OTHER, ttl=10)
     clock = Clock(fake_backend)
-    outcome, grant, waited = acquire_waiting(fake_backend, Request(params(wait=60, ttl=20)),
-                                             sleep=clock.sleep, clock=clock)
+    outcome, grant, waited = acquire_waiting(fake_backend, Request(params(wait=60, ttl=20)), clock=clock)
     assert outcome == "granted" and grant.fence == 2
-    assert 10 <= waited < 10 + backoff_cap(20)
-    assert clock.sleeps[0] < clock.sleeps[3]  # grows
-    assert max(clock.sleeps) <= backoff_cap(20)
+    # Woken by the ticket's renewals (every TICKET_REFRESH), then just after the lease's end.
+    assert 10 <= waited <= 10 + 2 * waiting.EXPIRY_SLACK
+    assert max(clock.sleeps) <= waiting.TICKET_REFRESH
+    assert ("join_queue", "nightly", ME) in fake_backend.calls and ("leave_queue", "nightly", ME) in fake_backend.calls
 
 
 def test_wait_gives_up_after_its_time(fake_backend):
     fake_backend.hold_by("nightly", OTHER, ttl=600)
     clock = Clock(fake_backend)
-    outcome, grant, waited = acquire_waiting(fake_backend, Request(params(wait="30s")), sleep=clock.sleep, clock=clock)
+    outcome, grant, waited = acquire_waiting(fake_backend, Request(params(wait="30s")), clock=clock)
     assert outcome == "busy" and grant.holder.owner == OTHER
     assert waited == pytest.approx(30.0)
+    assert fake_backend.calls[-1] == ("leave_queue", "nightly", ME)  # its place in line is given up
 
 
 def test_wait_through_run_reports_the_time_waited(fake_backend, monkeypatch):
     fake_backend.hold_by("nightly", OTHER, ttl=1)
     clock = Clock(fake_backend)
-    monkeypatch.setattr(dlock_task.time, "sleep", clock.sleep)
     monkeypatch.setattr(dlock_task.time, "monotonic", clock)
     result = run(params(wait=5))
     assert result["acquired"] is True and result["waited"] >= 1.0

@@ -1,11 +1,12 @@
-import random
-
 import pytest
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backoff import backoff_cap, backoff_delay
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Backend, Grant, Holder
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.child import exit_status
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.deadline import LeaseDeadline
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import marker_ttl, run_id, slot_number
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.waiting import EXPIRY_SLACK, wake_after
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.waiting import acquire as waiting_acquire
 
 
 def test_deadline_kills_strictly_before_expiry():
@@ -22,16 +23,6 @@ def test_deadline_moves_only_forward():
     assert d.expires_at == 140.0
     d.renewed(105.0)  # a late answer to an older request
     assert d.expires_at == 140.0
-
-
-def test_backoff_grows_is_capped_and_jittered():
-    rng = random.Random(7)
-    delays = [backoff_delay(n, cap=2.0, rng=rng) for n in range(1, 12)]
-    assert 0.05 <= delays[0] <= 0.1
-    assert all(d <= 2.0 for d in delays)
-    assert all(d >= 1.0 for d in delays[6:])  # at the cap: between cap/2 and cap
-    assert len(set(delays[6:])) > 1  # jitter spreads waiters
-    assert backoff_cap(2) == 0.5 and backoff_cap(600) == 5.0
 
 
 @pytest.mark.parametrize("now,number", [
@@ -57,3 +48,53 @@ def test_slot_marker_outlives_the_window_and_run_id_is_stable():
 def test_exit_status_uses_shell_convention():
     assert exit_status(0) == 0 and exit_status(3) == 3
     assert exit_status(-15) == 143 and exit_status(-9) == 137
+
+
+def test_a_waiter_wakes_by_the_first_of_its_reasons():
+    held = Grant("locked", holder=Holder("k", owner="other", ttl_remaining=0.25))
+    assert wake_after(held, remaining=30.0, refresh_in=1.0) == pytest.approx(0.25 + EXPIRY_SLACK)  # the lease's end
+    assert wake_after(held, remaining=0.1, refresh_in=1.0) == pytest.approx(0.1)  # the end of the wait
+    session = Grant("locked", holder=Holder("k", owner="other", ttl_remaining=None))  # no expiry to wait for
+    assert wake_after(session, remaining=30.0, refresh_in=0.7) == pytest.approx(0.7)  # the ticket's renewal
+    queued = Grant("locked", holder=Holder("k", queued=3))  # free, others first: no lease to wait for
+    assert wake_after(queued, remaining=30.0, refresh_in=1.0) == pytest.approx(1.0)
+    assert wake_after(held, remaining=-1.0, refresh_in=1.0) == 0.0
+
+
+class _LineBackend(Backend):
+    """Held by another owner for ever; its line cannot be left (the backend is gone by then)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def acquire(self, key, owner, ttl, slot=None):
+        self.calls.append("acquire")
+        return Grant("locked", holder=Holder(key, owner="other", ttl_remaining=60.0))
+
+    def join_queue(self, key, owner, ttl):
+        self.calls.append("join")
+
+    def leave_queue(self, key, owner):
+        self.calls.append("leave")
+        raise BackendError("gone")
+
+    def wait_change(self, key, timeout):
+        self.calls.append("wait")
+        self.now += timeout
+
+
+def test_waiting_gives_up_its_place_and_a_failure_to_leave_is_not_an_error():
+    backend = _LineBackend()
+    backend.now = 0.0
+    grant, attempts, _sent = waiting_acquire(backend, "k", "me", 10.0, None, 2.5, clock=lambda: backend.now)
+    assert grant.status == "locked" and grant.holder.owner == "other"
+    assert backend.calls[:4] == ["acquire", "join", "acquire", "wait"]
+    assert backend.calls.count("join") == 3  # at 0, 1 and 2 seconds: the ticket is renewed
+    assert backend.calls[-1] == "leave" and attempts == 4
+
+
+def test_one_try_and_no_ticket_without_wait():
+    backend = _LineBackend()
+    backend.now = 0.0
+    grant, attempts, _sent = waiting_acquire(backend, "k", "me", 10.0, None, 0.0, clock=lambda: backend.now)
+    assert grant.status == "locked" and attempts == 1 and backend.calls == ["acquire"]
