@@ -159,14 +159,17 @@ def jobs(lab, jobs_list, *args, check=True):
     return ansible_playbook(lab, playbook, {"dlock_jobs_list": jobs_list}, *args, check=check)
 
 
-def password_file(lab):
-    """Where site.yml keeps the generated backend password (0600, on the controller)."""
-    return os.path.join(lab.state_dir, "credentials", "dlock-backend.password")
+def password_file(lab, admin=False):
+    """Where site.yml keeps the generated backend password (0600, on the
+    controller); admin: etcd's root password, site.yml's default place for it
+    (beside the lab's inventory, in its state directory)."""
+    name = "dlock-backend-admin.password" if admin else "dlock-backend.password"
+    return os.path.join(lab.state_dir, "credentials", name)
 
 
-def read_password(lab):
+def read_password(lab, admin=False):
     """The generated password (the lookup writes 'PASSWORD[ salt=...]')."""
-    with open(password_file(lab)) as handle:
+    with open(password_file(lab, admin)) as handle:
         return handle.read().split(" salt=")[0].strip()
 
 

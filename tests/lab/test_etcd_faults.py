@@ -32,7 +32,7 @@ import time
 import ledger
 import pytest
 from lab import Lab
-from rollout import read_password, site
+from rollout import password_file, read_password, site
 
 pytestmark = pytest.mark.lab
 
@@ -196,11 +196,10 @@ def fleet():
             script = handle.read()
         for node in lab.group("dlock_nodes"):
             lab.ssh(node, "install -m 0644 /dev/stdin %s" % LEDGER_SCRIPT, check=True, input=script)
-        admin_file = os.path.join(lab.state_dir, "credentials", "dlock-backend-admin.password")
-        done = site(lab, "etcd", {"dlock_jobs_list": [JOB_SPEC], "dlock_backend_admin_password_file": admin_file})
+        done = site(lab, "etcd", {"dlock_jobs_list": [JOB_SPEC],
+                                  "dlock_backend_admin_password_file": password_file(lab, admin=True)})
         assert "failed=0" in done.stdout
-        with open(admin_file) as handle:  # as rollout.read_password: 'PASSWORD[ salt=...]'
-            admin = handle.read().split(" salt=")[0].strip()
+        admin = read_password(lab, admin=True)
         assert read_password(lab) != admin
         etcd = EtcdFleet(lab, admin)
         etcd.stop_jobs()  # site.yml started the timers: each test starts them itself
