@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from runner_proc import last_log, lines, start_dlock, wait_for
+from runner_proc import last_log, lines, run_dlock, start_dlock, wait_for
 
 JOB = "%s %s" % (sys.executable, os.path.join(os.path.dirname(__file__), "jobfixture.py"))
 # sh -c scripts; L is the ledger. Each leaves two writers running.
@@ -152,3 +152,17 @@ def test_a_killed_guard_leaves_the_runner_to_end_the_job(containment, script, un
     assert (runner.returncode, log["result"]) == (137, "failed"), stderr
     assert "guard" in log["guard"] and "died" in log["guard"]
     assert not os.path.exists(_job_cgroup(runner.pid))
+
+
+@pytest.mark.parametrize("value", ["of", "OFF", "false", "", "off\n", "auto ", " off", "0"])
+def test_a_bad_dlock_cgroup_is_refused_before_anything_runs(value, tmp_path):
+    """DLOCK_CGROUP is auto or off: anything else (a typo that would quietly
+    leave the job's tree less contained) is a configuration error that names
+    the variable, before the backend is asked and before the job starts."""
+    marker = tmp_path / "ran"
+    done = run_dlock("run", "--job", "contain", "--backend", "file://%s" % (tmp_path / "locks"),
+                     "--", "/bin/sh", "-c", "touch %s" % marker, env={"DLOCK_CGROUP": value})
+    assert done.returncode == 78, done.stderr
+    assert "DLOCK_CGROUP" in done.stderr and "auto, off" in done.stderr, done.stderr
+    assert not marker.exists()
+    assert not (tmp_path / "locks").exists() or not os.listdir(str(tmp_path / "locks"))

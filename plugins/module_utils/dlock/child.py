@@ -76,9 +76,7 @@ def _own_cgroup():
 def make_cgroup():
     """A new, empty cgroup v2 for one job below the runner's own, or None
     where that is not ours to make (read-only or foreign hierarchy, cgroup v1
-    only, a kernel without cgroup.kill, DLOCK_CGROUP=off)."""
-    if os.environ.get("DLOCK_CGROUP", "auto") == "off":
-        return None
+    only, a kernel without cgroup.kill)."""
     base = _own_cgroup()
     if base is None or not os.access(os.path.join(base, "cgroup.procs"), os.W_OK):
         return None
@@ -270,8 +268,10 @@ class Child(object):
     """The job as the runner sees it: started under a guard, signalled as a
     process group, waited for through the guard."""
 
-    def __init__(self, argv, env, cwd=None):
-        self.cgroup = make_cgroup()
+    def __init__(self, argv, env, cwd=None, cgroup=True):
+        """cgroup: make the job a cgroup of its own where one can be made
+        (False: DLOCK_CGROUP=off, the guard alone)."""
+        self.cgroup = make_cgroup() if cgroup else None
         prctl = _prctl()  # imports ctypes here, not in the forked guard
         life_r, life_w = os.pipe()
         report_r, report_w = os.pipe()

@@ -83,6 +83,12 @@ class Settings(object):
         self.options = None
         self.config_path = None
         self.job_path = None
+        self.cgroup = True  # a cgroup of its own for the job where one can be made (DLOCK_CGROUP)
+
+
+# DLOCK_CGROUP: "auto" (the default) gives each job a cgroup v2 of its own
+# where the runner may make one; "off" leaves containment to the guard alone.
+CGROUP_MODES = ("auto", "off")
 
 
 def load_settings(flags, job=None, command=None, need_command=False, job_must_exist=False):
@@ -90,6 +96,10 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     (None when not given); `command` is the argv given after --, if any.
     Everything is checked here, before any backend is contacted."""
     settings = Settings()
+    # Checked with the rest, before any backend is contacted: a typo here
+    # ("of", "false") must not quietly leave the job's tree less contained.
+    settings.cgroup = validate.choice(os.environ.get("DLOCK_CGROUP", "auto"), "DLOCK_CGROUP (environment)",
+                                      CGROUP_MODES) == "auto"
     explicit = flags.get("config") is not None
     settings.config_path = validate.path(flags.get("config") or DEFAULT_CONFIG, "--config")
     global_cfg = load_json(settings.config_path, "config", required=explicit)

@@ -147,7 +147,7 @@ class Runner(object):
                 pending.append(signum)
         previous = dict((sig, signal.signal(sig, forward)) for sig in FORWARDED_SIGNALS)
         try:
-            started.append(Child(self.s.command, env, self.s.working_directory))
+            started.append(Child(self.s.command, env, self.s.working_directory, cgroup=self.s.cgroup))
         except (OSError, ValueError) as exc:
             self._restore_signals(previous)
             self.record["error"] = "cannot start %s: %s" % (shown(self.s.command[0]), getattr(exc, "strerror", None) or exc)
