@@ -17,21 +17,17 @@ overlapping, no slot run twice, fencing tokens strictly increasing in grant
 order, runs that started while the member was lost, and no gap between runs
 longer than the TTL plus etcd's failover time (gap_bound says why).
 
-A lab of its own (prefix dlke on 10.77.8, or DLOCK_ETCD_LAB_PREFIX /
-DLOCK_ETCD_LAB_SUBNET), removed at the end (unless DLOCK_ETCD_LAB_KEEP is
-set: to look at it after a failure; a next run reuses it); one site.yml
-rollout for all the tests; each test leaves every member running and
-connected.
+The etcd lab (conftest's etcd_lab, shared with the membership tests that
+run after these); one site.yml rollout for all the tests; each test leaves
+every member running and connected.
 """
 
 import json
 import math
-import os
 import time
 
 import faults
 import pytest
-from lab import Lab
 from rollout import password_file, read_password, site
 
 pytestmark = pytest.mark.lab
@@ -117,25 +113,17 @@ class EtcdFleet(faults.LedgerFleet):
 
 
 @pytest.fixture(scope="module")
-def fleet():
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root (network namespaces, mounts, systemd-nspawn)")
-    lab = Lab(prefix=os.environ.get("DLOCK_ETCD_LAB_PREFIX", "dlke"),
-              subnet=os.environ.get("DLOCK_ETCD_LAB_SUBNET", "10.77.8"))
-    try:
-        lab.up(nodes=3, backends=3)
-        faults.install_ledger_job(lab)
-        done = site(lab, "etcd", {"dlock_jobs_list": [JOB_SPEC],
-                                  "dlock_backend_admin_password_file": password_file(lab, admin=True)})
-        assert "failed=0" in done.stdout
-        admin = read_password(lab, admin=True)
-        assert read_password(lab) != admin
-        etcd = EtcdFleet(lab, admin)
-        etcd.stop_jobs()  # site.yml started the timers: each test starts them itself
-        yield etcd
-    finally:
-        if not os.environ.get("DLOCK_ETCD_LAB_KEEP"):
-            lab.down()
+def fleet(etcd_lab):
+    lab = etcd_lab
+    faults.install_ledger_job(lab)
+    done = site(lab, "etcd", {"dlock_jobs_list": [JOB_SPEC],
+                              "dlock_backend_admin_password_file": password_file(lab, admin=True)})
+    assert "failed=0" in done.stdout
+    admin = read_password(lab, admin=True)
+    assert read_password(lab) != admin
+    etcd = EtcdFleet(lab, admin)
+    etcd.stop_jobs()  # site.yml started the timers: each test starts them itself
+    return etcd
 
 
 def election_timeout(fleet):
