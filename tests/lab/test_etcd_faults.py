@@ -87,8 +87,9 @@ class EtcdFleet(faults.LedgerFleet):
         found = {}
         for entry in json.loads(out or "[]"):
             address = entry["Endpoint"].split("//")[1].rsplit(":", 1)[0]
+            # A member with no leader (partitioned, electing) leaves "leader" out: JSON omits a zero.
             found[by_address[address]] = {"id": entry["Status"]["header"]["member_id"],
-                                          "leader": entry["Status"]["leader"], "term": entry["Status"]["raftTerm"]}
+                                          "leader": entry["Status"].get("leader", 0), "term": entry["Status"]["raftTerm"]}
         return found
 
     def leader(self, via=None):
