@@ -15,6 +15,21 @@ from lab import Lab  # noqa: E402
 TEST_PREFIX = os.environ.get("DLOCK_LAB_PREFIX", "dlkt")
 TEST_SUBNET = os.environ.get("DLOCK_LAB_SUBNET", "10.77.1")
 
+# The etcd lab's modules run in this order, whatever their names sort as:
+# the etcd fault tests want the three members site.yml makes (and roll it
+# out), the Patroni fault tests put PostgreSQL on that cluster, and the
+# membership tests leave it with five.
+ETCD_LAB_ORDER = ("test_etcd_faults.py", "test_pg_faults.py", "test_etcd_members.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        return ETCD_LAB_ORDER.index(item.path.name)
+    places = [i for i, item in enumerate(items) if item.path.name in ETCD_LAB_ORDER]
+    # sorted() is stable: each module's own tests keep their order.
+    for place, item in zip(places, sorted((items[i] for i in places), key=rank)):
+        items[place] = item
+
 
 @pytest.fixture(scope="session", autouse=True)
 def installed_collection(tmp_path_factory):
