@@ -8,8 +8,8 @@
 # Two cores: the static checks (version matrix, ansible-test sanity and units,
 # promtool, ansible-lint) and the lab's image build run in the background
 # beside the first pytest stage, whose real servers and subprocesses wait more
-# than they compute. The lab stages run alone afterwards: their timers and
-# slot windows want a quiet machine.
+# than they compute. The lab stages follow, in two lanes side by side (see
+# LANES below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS=0
@@ -18,10 +18,21 @@ echo "=== setup: ${SECONDS}s"
 export PATH="$PWD/.venv/bin:$PATH"
 
 STAGE="" STAGE_START=0
+# In a lane (LANE set) each stage's start and time also go to fd 3, the
+# suite's own output, as they happen: the lane's whole output comes later.
+LANE=""
 stage() {
-  [[ -n $STAGE ]] && printf '=== %s: %ds\n' "$STAGE" $((SECONDS - STAGE_START))
+  local line
+  if [[ -n $STAGE ]]; then
+    line=$(printf '=== %s: %ds' "$STAGE" $((SECONDS - STAGE_START)))
+    echo "$line"
+    [[ -z $LANE ]] || echo "=== [$LANE] ${line#=== }" >&3
+  fi
   STAGE="$*" STAGE_START=$SECONDS
-  [[ -n $STAGE ]] && printf '\n=== %s\n' "$STAGE"
+  if [[ -n $STAGE ]]; then
+    printf '\n=== %s\n' "$STAGE"
+    [[ -z $LANE ]] || echo "=== [$LANE] started: $STAGE" >&3
+  fi
   return 0
 }
 
@@ -69,35 +80,64 @@ if ((pytest_rc != 0 || static_rc != 0)); then
   exit 1
 fi
 
-stage "pytest: the lab fleet (systemd-nspawn nodes over SSH; site.yml on Redis and PostgreSQL)"
-pytest --durations=12 tests/lab
+# The lab stages run in two lanes side by side, each a sequence of stages on
+# labs of its own (prefix and subnet): a rollout saturates both cores, but
+# much of every stage waits (boots, SSH round trips, timers, the fault
+# tests' runs), so two lanes take far less than one after the other. Each
+# stage still prints its time; each lane's output is printed whole, in
+# order, once both lanes have ended, and every stage of a lane runs even
+# after one failed (one CI run shows every failure).
+#   fleet: the session lab (dlkt) and the bare-hosts lab (dlkb), then the
+#          single-server molecule scenarios;
+#   ha:    the etcd lab (dlke: fault and membership tests), then the etcd
+#          scenario.
+HA_LAB_TESTS=(tests/lab/test_etcd_faults.py tests/lab/test_etcd_members.py)
 
-# Two scenarios at a time, each on its own lab (prefix and subnet): their
-# converges wait on SSH round trips and on the nodes much of the time, so a
-# pair takes less than the two in a row (each prints its own time). Each
-# scenario's output is printed whole, in order, once both have ended.
-molecule_pair() {
-  local name logs=() pids=() rc=0 i
-  for name in "$@"; do
-    logs+=("$(mktemp "/tmp/dlock-molecule-$name.XXXXXX")")
-    ( start=$SECONDS status=0
-      molecule test -s "$name" || status=$?
-      echo "=== molecule $name: $((SECONDS - start))s (exit $status)"; exit $status ) > "${logs[-1]}" 2>&1 &
-    pids+=($!)
-  done
-  for i in "${!pids[@]}"; do
-    wait "${pids[$i]}" || rc=1
-    cat "${logs[$i]}"
-    rm -f "${logs[$i]}"
-  done
+lane_fleet() {
+  local ignore=() test rc=0
+  for test in "${HA_LAB_TESTS[@]}"; do ignore+=("--ignore=$test"); done
+  stage "pytest: the lab fleet (systemd-nspawn nodes over SSH; site.yml on Redis and PostgreSQL; TLS; check mode)"
+  pytest -p no:cacheprovider --durations=12 tests/lab "${ignore[@]}" || rc=1
+  stage "molecule: redis (a backend node + 3 job nodes: Redis, chrony, the runner, the jobs, metrics)"
+  molecule test -s redis || rc=1
+  stage "molecule: postgresql (the same on PostgreSQL)"
+  molecule test -s postgresql || rc=1
+  stage ""
   return $rc
 }
 
-stage "molecule, side by side: redis (a backend node + 3 job nodes: Redis, chrony, the runner, the jobs, metrics) and postgresql (the same on PostgreSQL)"
-molecule_pair redis postgresql
+lane_ha() {
+  local rc=0
+  stage "pytest: the etcd lab (leader killed, leader partitioned, follower crashed; a member replaced, 3 to 5 members)"
+  pytest -p no:cacheprovider --durations=12 "${HA_LAB_TESTS[@]}" || rc=1
+  stage "molecule: etcd (3 etcd members + 3 job nodes: the etcd backend, chrony and metrics)"
+  molecule test -s etcd || rc=1
+  stage ""
+  return $rc
+}
 
-stage "molecule: the etcd backend, chrony and metrics (3 etcd members + 3 job nodes)"
-molecule test -s etcd
-
-stage ""
+LANES=(fleet ha)
+lane_logs=() lane_pids=() lanes_rc=0
+exec 3>&1
+for lane in "${LANES[@]}"; do
+  lane_logs+=("$(mktemp "/tmp/dlock-lane-$lane.XXXXXX")")
+  ( set -uo pipefail; start=$SECONDS status=0 LANE=$lane
+    "lane_$lane" || status=$?
+    echo "=== lane $lane: $((SECONDS - start))s (exit $status)"; exit $status ) > "${lane_logs[-1]}" 2>&1 &
+  lane_pids+=($!)
+done
+for i in "${!lane_pids[@]}"; do
+  wait "${lane_pids[$i]}" || lanes_rc=1
+done
+for i in "${!lane_pids[@]}"; do
+  printf '\n=== output of lane %s ===\n' "${LANES[$i]}"
+  cat "${lane_logs[$i]}"
+done
+printf '\n=== stage times ===\n'
+grep -h '^=== .*: [0-9]*s' "${lane_logs[@]}" || true
+rm -f "${lane_logs[@]}"
+if ((lanes_rc != 0)); then
+  echo "=== FAILED: a lab lane failed (see its output above)"
+  exit 1
+fi
 echo "=== all stages passed in ${SECONDS}s"

@@ -125,15 +125,17 @@ def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
     done = ansible_playbook(lab, "playbooks/site.yml", site_vars, "-i", clock_inventory(lab), *args,
                             check=check, capture=capture)
     if done.returncode == 0 and "--check" not in args and "-C" not in args:
-        LAST_ROLLOUT[lab.prefix] = json.dumps([backend_type, extra_vars, args], sort_keys=True)
+        LAST_ROLLOUT[lab.prefix] = (backend_type, json.dumps(extra_vars, sort_keys=True), args)
     return done
 
 
-def provisioned(lab, backend_type):
-    """The lab rolled out by site.yml with this backend type and no jobs, again
-    only when the last rollout was another; returns what the nodes use: the
-    backend URL and its password."""
-    if LAST_ROLLOUT.get(lab.prefix) != json.dumps([backend_type, {"dlock_jobs_list": []}, ()], sort_keys=True):
+def provisioned(lab, backend_type, any_jobs=False):
+    """The lab rolled out by site.yml with this backend type and no jobs (with
+    any_jobs: whatever jobs), again only when the last rollout was another;
+    returns what the nodes use: the backend URL and its password."""
+    last = LAST_ROLLOUT.get(lab.prefix)
+    wanted = (backend_type, json.dumps({"dlock_jobs_list": []}), ())
+    if last != wanted and not (any_jobs and last is not None and last[0] == backend_type and last[2] == ()):
         site(lab, backend_type, {"dlock_jobs_list": []})
     config = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)
     return {"url": config["backend"], "password": read_password(lab)}

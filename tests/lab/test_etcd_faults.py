@@ -17,58 +17,31 @@ overlapping, no slot run twice, fencing tokens strictly increasing in grant
 order, runs that started while the member was lost, and no gap between runs
 longer than the TTL plus etcd's failover time (gap_bound says why).
 
-A lab of its own (prefix dlke on 10.77.8, or DLOCK_ETCD_LAB_PREFIX /
-DLOCK_ETCD_LAB_SUBNET), removed at the end (unless DLOCK_ETCD_LAB_KEEP is
-set: to look at it after a failure; a next run reuses it); one site.yml
-rollout for all the tests; each test leaves every member running and
-connected.
+The etcd lab (conftest's etcd_lab, shared with the membership tests that
+run after these); one site.yml rollout for all the tests; each test leaves
+every member running and connected.
 """
 
 import json
 import math
-import os
 import time
 
-import ledger
+import faults
 import pytest
-from lab import Lab
 from rollout import password_file, read_password, site
 
 pytestmark = pytest.mark.lab
 
-JOB = "faults"
-UNIT = "dlock-%s" % JOB  # the jobs role's dlock-NAME.service and .timer
-LEDGER_SCRIPT = "/usr/local/lib/dlock-lab-ledger.py"
 TTL = 6.0
-WORK = 4.5  # each run's work: past its first two renewals
-PERIOD = 2.0  # the timer fires every 2s on every node
-RANDOMIZED_DELAY = 0.3
-ACCURACY = 0.1
-# A runner's start-up (Python, the driver), its clock reading and its grant,
-# before its job writes the first line: 0.2-0.6s on a quiet lab, more on a
-# machine that runs other labs beside it.
-RUNNER_START = 2.0
-JOB_SPEC = {
-    "name": JOB, "command": ["/usr/bin/python3", LEDGER_SCRIPT], "schedule": "*:*:0/%d" % PERIOD,
-    "randomized_delay": "%gs" % RANDOMIZED_DELAY, "accuracy": "%gs" % ACCURACY, "once_per": "%gs" % PERIOD,
-    # A short lease, renewed every 1.5s; one backend call may take 3s: each
-    # member gets a third of it when the others do not answer, and a
-    # runner's first call includes its login, which etcd checks with bcrypt
-    # (0.05s on a quiet machine, 0.6s on one that runs other labs beside).
-    # A job is killed 0.5s after its SIGTERM: 1.5 + 3 + 0.5 + 0.12 (clock
-    # margin) < 6.
-    "ttl": "%gs" % TTL, "renew_every": "1.5s", "op_timeout": "3s", "kill_grace": "500ms",
-    # etcd's clock is read from the HTTP Date header (whole seconds): the check
-    # allows for that itself. With the randomized delay it stays below half
-    # of once_per, as slots require.
-    "max_clock_skew": "500ms",
-    "environment": {"LEDGER_WORK_SECONDS": "%g" % WORK},
-}
-# What a run may end with here: the job ran, its runner lost the lease and
-# killed it in time, or a runner did not get the lock (held, slot already
-# run, or the backend could not answer: fail closed).
-RESULTS = {"success", "lock_lost", "skipped_locked", "skipped_duplicate", "backend_error"}
-RUNS_WHILE_LOST = 2  # successful runs that must start (and end) while the member is lost
+# A short lease, renewed every 1.5s; one backend call may take 3s: each
+# member gets a third of it when the others do not answer, and a runner's
+# first call includes its login, which etcd checks with bcrypt (0.05s on a
+# quiet machine, 0.6s on one that runs other labs beside). A job is killed
+# 0.5s after its SIGTERM: 1.5 + 3 + 0.5 + 0.12 (clock margin) < 6. etcd's
+# clock is read from the HTTP Date header (whole seconds): the check allows
+# for that itself. With the randomized delay it stays below half of
+# once_per, as slots require.
+JOB_SPEC = faults.job_spec(TTL, renew_every="1.5s", op_timeout="3s", kill_grace="500ms", max_clock_skew="500ms")
 NO_RESTART = "/run/systemd/system/etcd.service.d/faults.conf"
 
 
@@ -87,16 +60,15 @@ def gap_bound(election_timeout):
     The fleet then needs a timer to fire (the period, its randomized delay
     and accuracy) and that runner to start and take the lock (RUNNER_START).
     """
-    return math.ceil(TTL) + 3 * election_timeout + 0.5 + PERIOD + RANDOMIZED_DELAY + ACCURACY + RUNNER_START
+    return (math.ceil(TTL) + 3 * election_timeout + 0.5 + faults.PERIOD + faults.RANDOMIZED_DELAY + faults.ACCURACY
+            + faults.RUNNER_START)
 
 
-class EtcdFleet(object):
-    """The lab with the cluster's members and the jobs' controls."""
+class EtcdFleet(faults.LedgerFleet):
+    """The lab with the etcd cluster's members and the jobs' controls."""
 
     def __init__(self, lab, admin_password):
-        self.lab = lab
-        self.members = lab.group("dlock_backend")
-        self.nodes = lab.group("dlock_nodes")
+        super(EtcdFleet, self).__init__(lab)
         self.admin_password = admin_password
         self.endpoints = ",".join("http://%s:2379" % lab.addr(m) for m in self.members)
 
@@ -115,8 +87,9 @@ class EtcdFleet(object):
         found = {}
         for entry in json.loads(out or "[]"):
             address = entry["Endpoint"].split("//")[1].rsplit(":", 1)[0]
+            # A member with no leader (partitioned, electing) leaves "leader" out: JSON omits a zero.
             found[by_address[address]] = {"id": entry["Status"]["header"]["member_id"],
-                                          "leader": entry["Status"]["leader"], "term": entry["Status"]["raftTerm"]}
+                                          "leader": entry["Status"].get("leader", 0), "term": entry["Status"]["raftTerm"]}
         return found
 
     def leader(self, via=None):
@@ -139,74 +112,19 @@ class EtcdFleet(object):
             assert time.monotonic() < deadline, "the cluster is not whole after %ds: %r" % (timeout, status)
             time.sleep(0.5)
 
-    def on_nodes(self, command):
-        for node in self.nodes:
-            self.lab.ssh(node, command, check=True)
-
-    def start_jobs(self):
-        """Start the job's timers; returns the time from which the ledger counts."""
-        since = time.time()
-        self.on_nodes("systemctl start %s.timer" % UNIT)
-        return since
-
-    def stop_jobs(self, timeout=30):
-        """Stop the timers and wait for the runs in progress to end."""
-        self.on_nodes("systemctl stop %s.timer; timeout %d sh -c 'while [ \"$(systemctl show -p ActiveState --value "
-                      "%s.service)\" != inactive ] && ! systemctl -q is-failed %s.service; do sleep 0.2; done'"
-                      % (UNIT, timeout, UNIT, UNIT))
-
-    def runs(self, since):
-        return ledger.runs(ledger.journal(self.lab, UNIT + ".service", since))
-
-    def wait_runs(self, since, count, what, timeout, running=False):
-        """Until COUNT runs that started after SINCE have succeeded (and,
-        with running, one holds the lock right now); returns the runs."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = self.runs(since)
-            done = [r for r in found if r["start"] >= since and r["result"] == "success"]
-            if running and any(r["start"] >= since and r["end"] is None for r in found) and len(done) >= count:
-                return found
-            if not running and len(done) >= count:
-                return found
-            assert time.monotonic() < deadline, "%s: %d of %d successful runs within %ds: %r; the runners said: %s" \
-                % (what, len(done), count, timeout, found, self.results(since))
-            time.sleep(0.5)
-
-    def results(self, since):
-        """{result: (count, the last error)} of every runner on every node since SINCE."""
-        found = {}
-        for _node, _at, message in sorted(ledger.journal(self.lab, UNIT + ".service", since), key=lambda line: line[1]):
-            if message.startswith("{"):
-                record = json.loads(message)
-                count, error = found.get(record["result"], (0, None))
-                found[record["result"]] = (count + 1, record.get("error") or error)
-        return found
-
 
 @pytest.fixture(scope="module")
-def fleet():
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root (network namespaces, mounts, systemd-nspawn)")
-    lab = Lab(prefix=os.environ.get("DLOCK_ETCD_LAB_PREFIX", "dlke"),
-              subnet=os.environ.get("DLOCK_ETCD_LAB_SUBNET", "10.77.8"))
-    try:
-        lab.up(nodes=3, backends=3)
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ledger_job.py")) as handle:
-            script = handle.read()
-        for node in lab.group("dlock_nodes"):
-            lab.ssh(node, "install -m 0644 /dev/stdin %s" % LEDGER_SCRIPT, check=True, input=script)
-        done = site(lab, "etcd", {"dlock_jobs_list": [JOB_SPEC],
-                                  "dlock_backend_admin_password_file": password_file(lab, admin=True)})
-        assert "failed=0" in done.stdout
-        admin = read_password(lab, admin=True)
-        assert read_password(lab) != admin
-        etcd = EtcdFleet(lab, admin)
-        etcd.stop_jobs()  # site.yml started the timers: each test starts them itself
-        yield etcd
-    finally:
-        if not os.environ.get("DLOCK_ETCD_LAB_KEEP"):
-            lab.down()
+def fleet(etcd_lab):
+    lab = etcd_lab
+    faults.install_ledger_job(lab)
+    done = site(lab, "etcd", {"dlock_jobs_list": [JOB_SPEC],
+                              "dlock_backend_admin_password_file": password_file(lab, admin=True)})
+    assert "failed=0" in done.stdout
+    admin = read_password(lab, admin=True)
+    assert read_password(lab) != admin
+    etcd = EtcdFleet(lab, admin)
+    etcd.stop_jobs()  # site.yml started the timers: each test starts them itself
+    return etcd
 
 
 def election_timeout(fleet):
@@ -217,42 +135,7 @@ def election_timeout(fleet):
 
 
 def run_fault(fleet, capsys, name, inject, repair):
-    """Jobs running; when a run holds the lock, inject the fault (it names
-    the member it takes out in fault["member"] and the time in fault["at"]
-    before it acts); wait for RUNS_WHILE_LOST successful runs that started
-    after it took effect; repair; wait for the cluster to be whole again
-    and for more runs; then check the ledger."""
-    bound = gap_bound(election_timeout(fleet))
-    fault = {}
-    since = fleet.start_jobs()
-    try:
-        fleet.wait_runs(since, 2, "%s: before the fault" % name, timeout=60, running=True)
-        inject(fault)
-        fleet.wait_runs(time.time(), RUNS_WHILE_LOST, "%s: while %s is lost" % (name, fault["member"]),
-                        timeout=RUNS_WHILE_LOST * (bound + WORK) + 10)
-        repair(fault["member"])
-        fault["repaired"] = True
-        repaired_at = time.time()
-        fleet.wait_whole(fleet.members[0])
-        fleet.wait_runs(repaired_at, 2, "%s: after the repair" % name, timeout=2 * (bound + WORK) + 10)
-    finally:
-        if "member" in fault and "repaired" not in fault:
-            repair(fault["member"])
-        fleet.stop_jobs()
-    granted = fleet.runs(since)
-    gaps = ledger.check(granted)
-    results = fleet.results(since)
-    assert set(results) <= RESULTS, results
-    longest = max(gaps, key=lambda g: g[0])
-    first = next((g for g in gaps if g[2]["start"] >= fault["at"]), None)  # into the first run after the fault
-    with capsys.disabled():  # shown in every run, for the report
-        print("\netcd fault %s: %d runs (%d lock_lost), longest gap %.2fs (bound %.2fs), gap into the first run "
-              "after the fault %s, results %s, gaps over 1s: %s"
-              % (name, len(granted), sum(r["result"] == "lock_lost" for r in granted), longest[0], bound,
-                 "%.2fs" % first[0] if first else "-", dict((r, n) for r, (n, _e) in sorted(results.items())),
-                 " ".join("%.2f" % g[0] for g in gaps if g[0] > 1.0) or "none"))
-    assert longest[0] <= bound, \
-        "a gap of %.2fs between %r and %r is over %.2fs" % (longest[0], longest[1], longest[2], bound)
+    faults.run_fault(fleet, capsys, "etcd fault " + name, inject, repair, gap_bound(election_timeout(fleet)))
 
 
 def test_leader_killed(fleet, capsys):
@@ -291,53 +174,3 @@ def test_follower_crashed(fleet, capsys):
         fault["at"] = time.time()
         fleet.lab.crash(fault["member"])
     run_fault(fleet, capsys, "follower crashed", inject, fleet.lab.start)
-
-
-# -- the checks can fail ---------------------------------------------------------
-
-def _run(owner, start, end, fence, slot, result="success"):
-    return {"owner": owner, "host": "n1", "start": start, "end": end, "fence": fence, "run_id": "faults@%s" % slot,
-            "result": result}
-
-
-CLEAN = [_run("a", 0.0, 2.5, 10, 0), _run("b", 3.0, 5.5, 14, 3), _run("c", 6.0, 8.0, 20, 6)]
-BROKEN = [
-    ("overlap", [_run("a", 0.0, 2.5, 10, 0), _run("b", 2.4, 5.0, 14, 2)], "runs overlap"),
-    ("overlap inside a long run", [_run("a", 0.0, 9.0, 10, 0), _run("b", 3.0, 4.0, 14, 3),
-                                   _run("c", 5.0, 6.0, 15, 5)], "runs overlap"),
-    ("slot twice", [_run("a", 0.0, 2.5, 10, 0), _run("b", 3.0, 5.0, 14, 0)], "ran 2 times"),
-    ("fence not increasing", [_run("a", 0.0, 2.5, 14, 0), _run("b", 3.0, 5.0, 14, 3)], "did not increase"),
-    ("fence going back", [_run("a", 0.0, 2.5, 14, 0), _run("b", 3.0, 5.0, 10, 3)], "did not increase"),
-    ("no end", [_run("a", 0.0, None, 10, 0), _run("b", 3.0, 5.0, 14, 3)], "has no end"),
-]
-
-
-def test_the_ledger_check_passes_a_clean_ledger():
-    gaps = ledger.check(CLEAN)
-    assert [round(g[0], 3) for g in gaps] == [0.5, 0.5]
-
-
-@pytest.mark.parametrize("name,granted,message", BROKEN, ids=[b[0] for b in BROKEN])
-def test_the_ledger_check_fails_a_broken_ledger(name, granted, message):
-    with pytest.raises(AssertionError, match=message):
-        ledger.check(granted)
-
-
-def test_killed_runs_end_at_their_runner_line():
-    """A job killed before its end line ends when its runner logged (after
-    the job's process group was gone); a runner line alone opens the run at
-    the runner's start."""
-    lines = [
-        ("n1", 100.0, "LEDGER_START " + json.dumps({"owner": "o1", "run_id": "faults@x", "fence": 7, "start": 100.0})),
-        ("n1", 103.4, json.dumps({"owner": "o1", "fence": 7, "run_id": "faults@x", "result": "lock_lost",
-                                  "duration_ms": 3600})),
-        ("n2", 104.0, json.dumps({"owner": "o2", "fence": 9, "run_id": "faults@y", "result": "lock_lost",
-                                  "duration_ms": 1000})),
-        ("n3", 104.5, json.dumps({"owner": "o3", "fence": None, "result": "skipped_locked", "duration_ms": 50})),
-    ]
-    found = dict((r["owner"], r) for r in ledger.runs(lines))
-    assert sorted(found) == ["o1", "o2"]
-    assert (found["o1"]["start"], found["o1"]["end"], found["o1"]["ended"]) == (100.0, 103.4, "runner")
-    assert (found["o2"]["start"], found["o2"]["end"]) == (103.0, 104.0)
-    with pytest.raises(AssertionError, match="runs overlap"):
-        ledger.check(found.values())

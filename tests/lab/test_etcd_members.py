@@ -7,8 +7,8 @@ after each, the role's own health check passes on every member, etcd lists
 exactly the inventory's members, the lock data survived (fences only grow),
 and the runners' URL names every member.
 
-Named test_ha_* so it runs after test_fleet, whose check-mode test needs
-nodes that no rollout has touched yet."""
+On the etcd lab that the fault tests rolled out (conftest's etcd_lab), after
+them: they want three members, these leave five."""
 
 import json
 import os
@@ -73,8 +73,9 @@ def assert_cluster_is_the_inventory(lab):
         assert "%s:2379" % lab.addr(name) in url, (name, url)
 
 
-def test_a_member_is_replaced_as_the_readme_says(lab):
-    provisioned(lab, "etcd")
+def test_a_member_is_replaced_as_the_readme_says(etcd_lab):
+    lab = etcd_lab
+    provisioned(lab, "etcd", any_jobs=True)
     backends = lab.group("dlock_backend")
     assert len(backends) == 3, backends
     first, old = backends[0], backends[-1]
@@ -93,10 +94,11 @@ def test_a_member_is_replaced_as_the_readme_says(lab):
     assert grant_fence(lab) > before  # the lock data (and its revision) survived the change
 
 
-def test_two_members_are_added_as_the_readme_says(lab):
+def test_two_members_are_added_as_the_readme_says(etcd_lab):
     """One at a time (etcd will not add a member while the last one added has
     not joined): 3, then 4, then 5, each joined before the next is added."""
-    provisioned(lab, "etcd")
+    lab = etcd_lab
+    provisioned(lab, "etcd", any_jobs=True)
     first = lab.group("dlock_backend")[0]
     before = grant_fence(lab)
     joined = []

@@ -1,0 +1,156 @@
+"""The harness the lab's fault tests share (test_etcd_faults.py,
+test_pg_faults.py): a ledger job on every job node, its timers, the ledger
+read back from the journals, and one fault run with its checks.
+
+Every job node's timer starts the ledger job (ledger_job.py) every PERIOD
+with once_per PERIOD and a short lease: a run works WORK seconds, past its
+first renewals, so there is nearly always a holder renewing while the other
+nodes' grants are refused. A test injects one fault while a run holds the
+lock, waits for runs while the fault lasts, repairs it, waits for the
+backend to be whole and for more runs, and then the ledger of the whole
+test must show: no two runs overlapping, no slot run twice, fencing tokens
+strictly increasing in grant order, and no gap between runs longer than the
+bound the test gives (the TTL plus the engine's failover time; each test
+module says why its bound is what it is).
+"""
+
+import json
+import os
+import time
+
+import ledger
+
+JOB = "faults"
+UNIT = "dlock-%s" % JOB  # the jobs role's dlock-NAME.service and .timer
+LEDGER_SCRIPT = "/usr/local/lib/dlock-lab-ledger.py"
+WORK = 4.5  # each run's work: past its first two renewals
+PERIOD = 2.0  # the timer fires every 2s on every node
+RANDOMIZED_DELAY = 0.3
+ACCURACY = 0.1
+# A runner's start-up (Python, the driver), its clock reading and its grant,
+# before its job writes the first line: 0.2-0.6s on a quiet lab, more on a
+# machine that runs other labs beside it.
+RUNNER_START = 2.0
+# What a run may end with here: the job ran, its runner lost the lease and
+# killed it in time, or a runner did not get the lock (held, slot already
+# run, or the backend could not answer: fail closed).
+RESULTS = {"success", "lock_lost", "skipped_locked", "skipped_duplicate", "backend_error"}
+RUNS_WHILE_LOST = 2  # successful runs that must start (and end) while the member is lost
+
+
+def job_spec(ttl, **settings):
+    """The ledger job for dlock_jobs_list: every PERIOD on every node, once
+    per PERIOD, a lease of TTL seconds; SETTINGS (renew_every, op_timeout,
+    kill_grace, max_clock_skew) are the backend's own."""
+    spec = {
+        "name": JOB, "command": ["/usr/bin/python3", LEDGER_SCRIPT], "schedule": "*:*:0/%d" % PERIOD,
+        "randomized_delay": "%gs" % RANDOMIZED_DELAY, "accuracy": "%gs" % ACCURACY, "once_per": "%gs" % PERIOD,
+        "ttl": "%gs" % ttl, "environment": {"LEDGER_WORK_SECONDS": "%g" % WORK},
+    }
+    spec.update(settings)
+    return spec
+
+
+def install_ledger_job(lab):
+    """ledger_job.py onto every job node (the job's command runs it)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ledger_job.py")) as handle:
+        script = handle.read()
+    for node in lab.group("dlock_nodes"):
+        lab.ssh(node, "install -m 0644 /dev/stdin %s" % LEDGER_SCRIPT, check=True, input=script)
+
+
+class LedgerFleet(object):
+    """The lab's backend members and job nodes, and the jobs' controls. A
+    backend's subclass says when its cluster is whole (wait_whole)."""
+
+    def __init__(self, lab):
+        self.lab = lab
+        self.members = lab.group("dlock_backend")
+        self.nodes = lab.group("dlock_nodes")
+
+    def wait_whole(self, via, timeout=90):
+        """Until every member serves again; returns the one that leads."""
+        raise NotImplementedError
+
+    def on_nodes(self, command):
+        for node in self.nodes:
+            self.lab.ssh(node, command, check=True)
+
+    def start_jobs(self):
+        """Start the job's timers; returns the time from which the ledger counts."""
+        since = time.time()
+        self.on_nodes("systemctl start %s.timer" % UNIT)
+        return since
+
+    def stop_jobs(self, timeout=30):
+        """Stop the timers and wait for the runs in progress to end."""
+        self.on_nodes("systemctl stop %s.timer; timeout %d sh -c 'while [ \"$(systemctl show -p ActiveState --value "
+                      "%s.service)\" != inactive ] && ! systemctl -q is-failed %s.service; do sleep 0.2; done'"
+                      % (UNIT, timeout, UNIT, UNIT))
+
+    def runs(self, since):
+        return ledger.runs(ledger.journal(self.lab, UNIT + ".service", since))
+
+    def wait_runs(self, since, count, what, timeout, running=False):
+        """Until COUNT runs that started after SINCE have succeeded (and,
+        with running, one holds the lock right now); returns the runs."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.runs(since)
+            done = [r for r in found if r["start"] >= since and r["result"] == "success"]
+            if running and any(r["start"] >= since and r["end"] is None for r in found) and len(done) >= count:
+                return found
+            if not running and len(done) >= count:
+                return found
+            assert time.monotonic() < deadline, "%s: %d of %d successful runs within %ds: %r; the runners said: %s" \
+                % (what, len(done), count, timeout, found, self.results(since))
+            time.sleep(0.5)
+
+    def results(self, since):
+        """{result: (count, the last error)} of every runner on every node since SINCE."""
+        found = {}
+        for _node, _at, message in sorted(ledger.journal(self.lab, UNIT + ".service", since), key=lambda line: line[1]):
+            if message.startswith("{"):
+                record = json.loads(message)
+                count, error = found.get(record["result"], (0, None))
+                found[record["result"]] = (count + 1, record.get("error") or error)
+        return found
+
+
+def run_fault(fleet, capsys, name, inject, repair, bound):
+    """Jobs running; when a run holds the lock, inject the fault (it names
+    the member it takes out in fault["member"] and the time in fault["at"]
+    before it acts); wait for RUNS_WHILE_LOST successful runs that started
+    after it took effect; repair; wait for the cluster to be whole again
+    and for more runs; then check the ledger, with no gap over BOUND
+    seconds."""
+    fault = {}
+    since = fleet.start_jobs()
+    try:
+        fleet.wait_runs(since, 2, "%s: before the fault" % name, timeout=60, running=True)
+        inject(fault)
+        fleet.wait_runs(time.time(), RUNS_WHILE_LOST, "%s: while %s is lost" % (name, fault["member"]),
+                        timeout=RUNS_WHILE_LOST * (bound + WORK) + 10)
+        repair(fault["member"])
+        fault["repaired"] = True
+        repaired_at = time.time()
+        fleet.wait_whole(fleet.members[0])
+        fleet.wait_runs(repaired_at, 2, "%s: after the repair" % name, timeout=2 * (bound + WORK) + 10)
+    finally:
+        if "member" in fault and "repaired" not in fault:
+            repair(fault["member"])
+        fleet.stop_jobs()
+    granted = fleet.runs(since)
+    gaps = ledger.check(granted)
+    results = fleet.results(since)
+    assert set(results) <= RESULTS, results
+    longest = max(gaps, key=lambda g: g[0])
+    first = next((g for g in gaps if g[2]["start"] >= fault["at"]), None)  # into the first run after the fault
+    with capsys.disabled():  # shown in every run, for the report
+        print("\n%s: %d runs (%d lock_lost), longest gap %.2fs (bound %.2fs), gap into the first run "
+              "after the fault %s, results %s, gaps over 1s: %s"
+              % (name, len(granted), sum(r["result"] == "lock_lost" for r in granted), longest[0], bound,
+                 "%.2fs" % first[0] if first else "-", dict((r, n) for r, (n, _e) in sorted(results.items())),
+                 " ".join("%.2f" % g[0] for g in gaps if g[0] > 1.0) or "none"))
+    assert longest[0] <= bound, \
+        "a gap of %.2fs between %r and %r is over %.2fs" % (longest[0], longest[1], longest[2], bound)
