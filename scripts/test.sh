@@ -99,5 +99,8 @@ molecule_pair redis postgresql
 stage "molecule: the etcd backend, chrony and metrics (3 etcd members + 3 job nodes)"
 molecule test -s etcd
 
+stage "molecule: PostgreSQL with Patroni (3 backend nodes: etcd and Patroni side by side, + 3 job nodes; a switchover)"
+molecule test -s postgresql-ha
+
 stage ""
 echo "=== all stages passed in ${SECONDS}s"
