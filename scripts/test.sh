@@ -87,11 +87,12 @@ fi
 # stage still prints its time; each lane's output is printed whole, in
 # order, once both lanes have ended, and every stage of a lane runs even
 # after one failed (one CI run shows every failure).
-#   fleet: the session lab (dlkt) and the bare-hosts lab (dlkb), then the
-#          single-server molecule scenarios;
-#   ha:    the etcd lab (dlke: fault and membership tests), then the etcd
-#          scenario.
-HA_LAB_TESTS=(tests/lab/test_etcd_faults.py tests/lab/test_etcd_members.py)
+#   fleet: the session lab (dlkt) and the bare-hosts lab (dlkb), then
+#          molecule redis and etcd;
+#   ha:    the etcd lab (dlke: etcd faults, Patroni faults, membership),
+#          then molecule postgresql-ha and postgresql.
+# (The two take about as long as each other on a quiet machine.)
+HA_LAB_TESTS=(tests/lab/test_etcd_faults.py tests/lab/test_pg_faults.py tests/lab/test_etcd_members.py)
 
 lane_fleet() {
   local ignore=() test rc=0
@@ -100,18 +101,20 @@ lane_fleet() {
   pytest -p no:cacheprovider --durations=12 tests/lab "${ignore[@]}" || rc=1
   stage "molecule: redis (a backend node + 3 job nodes: Redis, chrony, the runner, the jobs, metrics)"
   molecule test -s redis || rc=1
-  stage "molecule: postgresql (the same on PostgreSQL)"
-  molecule test -s postgresql || rc=1
+  stage "molecule: etcd (3 etcd members + 3 job nodes: the etcd backend over TLS, chrony and metrics)"
+  molecule test -s etcd || rc=1
   stage ""
   return $rc
 }
 
 lane_ha() {
   local rc=0
-  stage "pytest: the etcd lab (leader killed, leader partitioned, follower crashed; a member replaced, 3 to 5 members)"
+  stage "pytest: the etcd lab (etcd: leader killed, partitioned, follower crashed; Patroni: primary crashed, partitioned, 3 leader changes, no sync standby; etcd members replaced and added)"
   pytest -p no:cacheprovider --durations=12 "${HA_LAB_TESTS[@]}" || rc=1
-  stage "molecule: etcd (3 etcd members + 3 job nodes: the etcd backend, chrony and metrics)"
-  molecule test -s etcd || rc=1
+  stage "molecule: postgresql-ha (3 backend nodes: etcd and Patroni side by side, + 3 job nodes; a switchover)"
+  molecule test -s postgresql-ha || rc=1
+  stage "molecule: postgresql (a backend node + 3 job nodes: one PostgreSQL server, chrony, the runner, metrics)"
+  molecule test -s postgresql || rc=1
   stage ""
   return $rc
 }

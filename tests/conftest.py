@@ -123,7 +123,8 @@ def render():
         with open(os.path.join(ROOT, "roles", role, "vars", "main.yml")) as handle:
             role_variables = yaml.safe_load(handle)
         request = {"template": os.path.join(ROOT, "roles", role, "templates", template),
-                   "variables": dict(role_variables, ansible_managed="managed by a test", **variables)}
+                   "role_variables": role_variables,
+                   "variables": dict(ansible_managed="managed by a test", **variables)}
         proc.stdin.write(json.dumps(request) + "\n")
         proc.stdin.flush()
         answer = json.loads(proc.stdout.readline())

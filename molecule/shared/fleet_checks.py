@@ -1,4 +1,5 @@
-"""Checks the backend scenarios (molecule/redis, molecule/postgresql, molecule/etcd) share.
+"""Checks the backend scenarios (molecule/redis, molecule/postgresql, molecule/etcd,
+molecule/postgresql-ha) share.
 
 A scenario's test modules import these tests by name, and pytest collects
 them there; each module's testinfra_hosts says which hosts they run on:
@@ -25,6 +26,11 @@ EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
 SCENARIO_DIR = os.environ.get("MOLECULE_SCENARIO_DIRECTORY", "")
 JOB = "sample"  # once_per 5m, every 5 minutes
 PASSWORD_FILE = "/etc/dlock/backend.password"
+# Patroni's configuration holds its own passwords (0600 postgres): the one
+# other file under /etc where a generated password belongs.
+PATRONI_CONFIG = "/etc/patroni/config.yml"
+GENERATED = ("backend.password", "redis-admin.password", "backend-admin.password", "dlock-patroni-etcd.password",
+             "dlock-patroni-replication.password", "dlock-patroni-rewind.password", "dlock-patroni-restapi.password")
 METRICS_DIR = "/var/lib/prometheus/node-exporter"
 # systemd-analyze security: exposure 0 (best) to 10; levels PERFECT, SAFE, OK,
 # MEDIUM, EXPOSED, UNSAFE. Job units must stay OK or better; the refresh unit
@@ -39,8 +45,7 @@ def secret(name):
 
 
 def secrets():
-    found = [secret(name) for name in ("backend.password", "redis-admin.password", "backend-admin.password")
-             if os.path.exists(os.path.join(EPHEMERAL, name))]
+    found = [secret(name) for name in GENERATED if os.path.exists(os.path.join(EPHEMERAL, name))]
     assert found and all(len(s) >= 16 for s in found), "no generated backend password to look for"
     return found
 
@@ -238,8 +243,8 @@ def test_no_password_on_the_hosts(host, verbose_run):
     itself never puts a password on a host's command line."""
     places = {
         "unit files": "find /etc/systemd /lib/systemd/system -type f -print0 | xargs -0 cat",
-        "configuration": "find /etc -type f -not -path %s -size -256k -exec grep -IlZ '' {} + | xargs -0 cat"
-                         % PASSWORD_FILE,
+        "configuration": "find /etc -type f -not -path %s -not -path %s -size -256k -exec grep -IlZ '' {} + "
+                         "| xargs -0 cat" % (PASSWORD_FILE, PATRONI_CONFIG),
         "process list": "ps -eo args",
         "journal": "journalctl --no-pager -o cat",
         "logs": "find /var/log -type f -size -4M -exec grep -IlZ '' {} + | xargs -0 cat",

@@ -248,6 +248,45 @@ def _conf_line(value, field):
     return validate.text(value, field, 1024)
 
 
+_ETCD_USER_HINT = "letters, digits and _ . -, not starting with . or -"
+_ETCD_PREFIX_HINT = "a path such as /dlock: segments of letters, digits and _ . -, no trailing /"
+_etcd_user = _pattern(ETCD_NAME, _ETCD_USER_HINT, 64, "user name")
+# The engine's rule for the path of an etcd URL.
+_etcd_prefix = _pattern(validate.ETCD_PREFIX, _ETCD_PREFIX_HINT, 200, "key prefix")
+_etcd_password = _password(16, NO_SPACE, "characters other than white space")
+ETCD_ACCOUNT = {"name": _etcd_user, "password": _etcd_password, "prefix": _etcd_prefix}
+
+
+def _etcd_account(value, field):
+    """One of dlock_etcd_extra_users: exactly name, password and prefix (the
+    value is never shown: it holds a password)."""
+    if not isinstance(value, dict) or sorted(value) != sorted(ETCD_ACCOUNT):
+        raise ConfigError("%s: must be a mapping of exactly %s" % (field, ", ".join(sorted(ETCD_ACCOUNT))))
+    for key, check in ETCD_ACCOUNT.items():
+        check(value[key], "%s.%s" % (field, key))
+    return value
+
+
+ETCD_ENDPOINT = re.compile(r"(https?)://(\[[0-9A-Fa-f:.]+\]|[^/:\[\]]+):([0-9]{1,5})")
+
+
+def _etcd_endpoint(value, field):
+    """An etcd member's client URL: http(s)://HOST:PORT, nothing more."""
+    validate.text(value, field, 300, ETCD_ENDPOINT, "http://ADDRESS:PORT or https://ADDRESS:PORT", kind="etcd URL")
+    _scheme, host, port_text = ETCD_ENDPOINT.fullmatch(value).groups()
+    if host.startswith("["):
+        validate.address(host[1:-1], field)
+    else:
+        validate.hostname(host, field)
+    validate.port(int(port_text), field + ": port")
+    return value
+
+
+def _prefix_within(inner, outer):
+    """Whether etcd prefix `inner` is `outer` or under it (segment-wise)."""
+    return inner == outer or inner.startswith(outer + "/")
+
+
 def _backend_url(value, field):
     validate.backend_url(value, field)
     return value
@@ -309,6 +348,36 @@ TABLES = {
         "dlock_postgresql_tls_ca_file": _empty_or(_path),
         "dlock_postgresql_url_scheme": _choice("postgresql", "postgresql+advisory"),
         "dlock_postgresql_url_host": _hostname,
+        "dlock_postgresql_ha": _boolean,
+        "dlock_postgresql_ha_group": _pattern(GROUP_NAME, "letters, digits and _, not starting with a digit", 64,
+                                              "group name"),
+        "dlock_postgresql_ha_name": _pattern(ETCD_NAME, "letters, digits and _ . -, not starting with . or -", 63,
+                                             "member name"),
+        "dlock_postgresql_ha_address": _empty_or(validate.address),
+        "dlock_postgresql_ha_scope": _pattern(ETCD_NAME, "letters, digits and _ . -, not starting with . or -", 63,
+                                              "cluster name"),
+        "dlock_postgresql_ha_data_dir": _path,
+        "dlock_postgresql_ha_etcd_endpoints": _items(_etcd_endpoint, max_items=16),
+        "dlock_postgresql_ha_etcd_prefix": _etcd_prefix,
+        "dlock_postgresql_ha_etcd_user": _etcd_user,
+        "dlock_postgresql_ha_etcd_password": _empty_or(_etcd_password),
+        "dlock_postgresql_ha_etcd_ca_file": _empty_or(_path),
+        "dlock_postgresql_ha_replication_user": _pattern(SQL_NAME, "lower-case letters, digits and _, not starting "
+                                                                   "with a digit", 63, "role name"),
+        "dlock_postgresql_ha_replication_password": _empty_or(_password(16, PG_PASSWORD, "printable ASCII characters "
+                                                                                         "without spaces")),
+        "dlock_postgresql_ha_rewind_user": _pattern(SQL_NAME, "lower-case letters, digits and _, not starting with a "
+                                                              "digit", 63, "role name"),
+        "dlock_postgresql_ha_rewind_password": _empty_or(_password(16, PG_PASSWORD, "printable ASCII characters "
+                                                                                    "without spaces")),
+        "dlock_postgresql_ha_restapi_port": _port,
+        # Basic auth's user:password: no colon in the user.
+        "dlock_postgresql_ha_restapi_user": _pattern(ETCD_NAME, "letters, digits and _ . -, not starting with . or -",
+                                                     64, "user name"),
+        "dlock_postgresql_ha_restapi_password": _empty_or(_password(16, NO_SPACE, "characters other than white space")),
+        "dlock_postgresql_ha_ttl": _integer(10, 3600),
+        "dlock_postgresql_ha_loop_wait": _integer(1, 600),
+        "dlock_postgresql_ha_retry_timeout": _integer(3, 600),
     },
     "dlock_chrony": {
         "dlock_chrony_servers": _items(_hostname),
@@ -374,13 +443,11 @@ TABLES = {
         "dlock_etcd_quota_backend_bytes": _integer(16 * 1024 ** 2, 8 * 1024 ** 3),
         # Watches (a waiting runner) need some history: at least 1000 revisions.
         "dlock_etcd_auto_compaction_retention": _integer(1000, 10 ** 9),
-        "dlock_etcd_root_password": _password(16, NO_SPACE, "characters other than white space"),
-        "dlock_etcd_user": _pattern(ETCD_NAME, "letters, digits and _ . -, not starting with . or -", 64,
-                                    "user name"),
-        "dlock_etcd_password": _password(16, NO_SPACE, "characters other than white space"),
-        # The engine's rule for the path of an etcd URL.
-        "dlock_etcd_prefix": _pattern(validate.ETCD_PREFIX, "a path such as /dlock: segments of letters, digits "
-                                                            "and _ . -, no trailing /", 200, "key prefix"),
+        "dlock_etcd_root_password": _etcd_password,
+        "dlock_etcd_user": _etcd_user,
+        "dlock_etcd_password": _etcd_password,
+        "dlock_etcd_prefix": _etcd_prefix,
+        "dlock_etcd_extra_users": _items(_etcd_account, max_items=16),
         "dlock_etcd_tls": _boolean,
         "dlock_etcd_tls_cert_file": _empty_or(_path),
         "dlock_etcd_tls_key_file": _empty_or(_path),
@@ -408,7 +475,9 @@ TABLES = {
 
 # Variables whose values are never shown, not even in a message about another rule.
 SECRETS = ("dlock_redis_password", "dlock_redis_admin_password", "dlock_postgresql_password",
-           "dlock_etcd_root_password", "dlock_etcd_password", "dlock_runner_backend_password")
+           "dlock_etcd_root_password", "dlock_etcd_password", "dlock_etcd_extra_users", "dlock_runner_backend_password",
+           "dlock_postgresql_ha_etcd_password", "dlock_postgresql_ha_replication_password",
+           "dlock_postgresql_ha_rewind_password", "dlock_postgresql_ha_restapi_password")
 
 
 # -- rules between variables (run only on values that passed the table) ------
@@ -439,6 +508,51 @@ def _postgresql_rules(values):
         for name in ("dlock_postgresql_tls_cert_file", "dlock_postgresql_tls_key_file"):
             if values.get(name, "x") == "":
                 yield "%s: must be set with dlock_postgresql_tls (a file on the backend host)" % name
+    if values.get("dlock_postgresql_ha"):
+        yield from _postgresql_ha_rules(values)
+
+
+# What HA mode needs set, and the names of its PostgreSQL roles.
+PG_HA_REQUIRED = ("dlock_postgresql_ha_address", "dlock_postgresql_ha_etcd_password",
+                  "dlock_postgresql_ha_replication_password", "dlock_postgresql_ha_rewind_password",
+                  "dlock_postgresql_ha_restapi_password")
+PG_HA_ROLES = ("dlock_postgresql_user", "dlock_postgresql_ha_replication_user", "dlock_postgresql_ha_rewind_user")
+
+
+def _postgresql_ha_rules(values):
+    for name in PG_HA_REQUIRED:
+        if values.get(name, "x") == "":
+            yield "%s: must be set with dlock_postgresql_ha" % name
+    if values.get("dlock_postgresql_ha_etcd_endpoints") == []:
+        yield ("dlock_postgresql_ha_etcd_endpoints: must name the etcd members with dlock_postgresql_ha (run "
+               "dlock_etcd first in the play: it publishes dlock_etcd_endpoints)")
+    schemes = set(url.split(":", 1)[0] for url in values.get("dlock_postgresql_ha_etcd_endpoints") or [])
+    if len(schemes) > 1:
+        yield "dlock_postgresql_ha_etcd_endpoints: all http:// or all https:// (Patroni talks to etcd one way)"
+    if schemes == {"https"} and values.get("dlock_postgresql_ha_etcd_ca_file", "x") == "":
+        yield "dlock_postgresql_ha_etcd_ca_file: must be set for https:// etcd endpoints"
+    roles = [values[name] for name in PG_HA_ROLES if name in values]
+    if len(roles) == len(PG_HA_ROLES) and len(set(roles)) < len(roles):
+        yield "%s: must be three distinct roles" % ", ".join(PG_HA_ROLES)
+    for name in PG_HA_ROLES[1:]:
+        role = values.get(name) or ""
+        if role in ("postgres", "public") or role.startswith("pg_"):
+            yield "%s: %s is reserved (postgres, public and pg_* are PostgreSQL's own roles)" % (name, validate.shown(role))
+    timing = [values.get("dlock_postgresql_ha_" + name) for name in ("ttl", "loop_wait", "retry_timeout")]
+    if None not in timing and int(timing[1]) + 2 * int(timing[2]) > int(timing[0]):
+        yield ("dlock_postgresql_ha_ttl: %s s is less than dlock_postgresql_ha_loop_wait + 2 * "
+               "dlock_postgresql_ha_retry_timeout (%s s): the leader could lose its key while it retries"
+               % (timing[0], int(timing[1]) + 2 * int(timing[2])))
+    listen, address = values.get("dlock_postgresql_listen_addresses"), values.get("dlock_postgresql_ha_address")
+    if listen and address and address not in listen and "*" not in listen:
+        yield ("dlock_postgresql_listen_addresses: must hold dlock_postgresql_ha_address (%s): the other members "
+               "and the runners connect to it" % validate.shown(address))
+    # Not yet: TLS between the members and to the runners of a Patroni cluster.
+    if values.get("dlock_postgresql_tls"):
+        yield "dlock_postgresql_tls: not available with dlock_postgresql_ha yet (the members' replication is not set up for TLS)"
+    if values.get("dlock_postgresql_url_scheme") == "postgresql+advisory":
+        yield ("dlock_postgresql_url_scheme: postgresql+advisory does not survive a failover (the lock lives in one "
+               "server's session): use postgresql with dlock_postgresql_ha")
 
 
 def _etcd_rules(values):
@@ -447,6 +561,7 @@ def _etcd_rules(values):
     passwords = [values.get(name) for name in ("dlock_etcd_root_password", "dlock_etcd_password")]
     if passwords[0] and passwords[0] == passwords[1]:
         yield "dlock_etcd_password: must differ from dlock_etcd_root_password"
+    yield from _etcd_account_rules(values)
     if "dlock_etcd_client_port" in values and values.get("dlock_etcd_client_port") == values.get("dlock_etcd_peer_port"):
         yield "dlock_etcd_client_port and dlock_etcd_peer_port must differ"
     heartbeat, election = values.get("dlock_etcd_heartbeat_interval"), values.get("dlock_etcd_election_timeout")
@@ -459,6 +574,27 @@ def _etcd_rules(values):
                 if values.get("dlock_etcd_%s_%s" % (kind, name), "x") == "":
                     yield ("dlock_etcd_%s_%s: must be set with dlock_etcd_%s (a file on every member)"
                            % (kind, name, kind))
+
+
+def _etcd_account_rules(values):
+    """Extra users: each its own name and a prefix apart from every other
+    account's (one inside another would open its keys)."""
+    if "dlock_etcd_extra_users" not in values or "dlock_etcd_user" not in values or "dlock_etcd_prefix" not in values:
+        return
+    accounts = [("dlock_etcd_user", values["dlock_etcd_user"], values["dlock_etcd_prefix"])]
+    for index, extra in enumerate(values["dlock_etcd_extra_users"]):
+        field = "dlock_etcd_extra_users[%d]" % index
+        if extra["name"] == "root":
+            yield "%s.name: must not be root (etcd's administrator, with every right)" % field
+        if extra["password"] == values.get("dlock_etcd_root_password"):
+            yield "%s.password: must differ from dlock_etcd_root_password" % field
+        for other_field, name, prefix in accounts:
+            if extra["name"] == name:
+                yield "%s.name: %s is already the user of %s" % (field, validate.shown(name), other_field)
+            if _prefix_within(extra["prefix"], prefix) or _prefix_within(prefix, extra["prefix"]):
+                yield ("%s.prefix: %s overlaps %s of %s: each account's keys must be its own"
+                       % (field, validate.shown(extra["prefix"]), validate.shown(prefix), other_field))
+        accounts.append((field, extra["name"], extra["prefix"]))
 
 
 def _chrony_rules(values):

@@ -117,7 +117,9 @@ GOOD = {
                         dlock_redis_password="p" * 16, dlock_redis_url_host="db1"),
     "dlock_postgresql": dict(_role_defaults("dlock_postgresql"), dlock_postgresql_listen_addresses=["localhost"],
                              dlock_postgresql_password="p" * 16, dlock_postgresql_clients=["10.0.0.0/8"],
-                             dlock_postgresql_url_host="db1"),
+                             dlock_postgresql_url_host="db1", dlock_postgresql_ha_name="db1",
+                             dlock_postgresql_ha_address="", dlock_postgresql_ha_data_dir="/var/lib/pg/patroni",
+                             dlock_postgresql_ha_etcd_endpoints=["http://10.0.0.1:2379"]),
     "dlock_chrony": dict(_role_defaults("dlock_chrony"), dlock_chrony_container_mode=False),
     "dlock_metrics": dict(_role_defaults("dlock_metrics"), dlock_metrics_textfile_dir="/var/lib/ne",
                           dlock_metrics_runner_bin="/usr/local/bin/dlock", dlock_metrics_group="dlock",
@@ -163,6 +165,8 @@ def test_every_list_role_variable_refuses_control_characters_and_strings(role, n
 def test_a_password_is_never_in_a_message(value):
     """Whatever the password, good or bad, no message shows it."""
     for role, name in (("dlock_redis", "dlock_redis_password"), ("dlock_postgresql", "dlock_postgresql_password"),
+                       ("dlock_postgresql", "dlock_postgresql_ha_replication_password"),
+                       ("dlock_postgresql", "dlock_postgresql_ha_restapi_password"),
                        ("dlock_runner", "dlock_runner_backend_password")):
         for problem in role_vars.role_problems(dict(GOOD[role], **{name: value}), role):
             assert value not in problem and value.strip()[:12] not in problem

@@ -84,3 +84,19 @@ def test_redis_with_a_second_backend_host_is_refused(tmp_path):
     assert "dlock_backend_type redis takes exactly one host in dlock_backend (it has 2)" in out, out
     assert "TASK [Apply the backend role]" not in out, out
     assert PASSWORD not in out
+
+
+PATRONI_FILES = ["dlock-backend-admin.password"] + [
+    "dlock-patroni-%s.password" % name for name in ("etcd", "replication", "restapi", "rewind")]
+
+
+@pytest.mark.parametrize("ha, generated", [(False, []), (True, PATRONI_FILES)], ids=["one server", "Patroni"])
+def test_patronis_passwords_are_generated_only_for_a_patroni_cluster(tmp_path, ha, generated):
+    """With dlock_postgresql_ha, etcd's root password and Patroni's four are
+    generated beside the inventory (the role then stops here: one backend
+    host is no cluster); for one server, none is."""
+    proc, out = run_site(tmp_path, {}, {"dlock_backend_type": "postgresql", "dlock_postgresql_ha": ha}, limit="b1")
+    assert proc.returncode == 2, out
+    files = sorted(p.name for p in (tmp_path / "credentials").glob("*")) if (tmp_path / "credentials").exists() else []
+    assert files == generated, (files, out)
+    assert PASSWORD not in out and not any((tmp_path / "credentials" / f).read_text().strip() in out for f in files)

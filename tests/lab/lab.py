@@ -56,11 +56,12 @@ ROLE_PACKAGES = [
     "python3-redis", "python3-psycopg", "redis-server", "redis-tools", "postgresql",
     "chrony", "prometheus-node-exporter", "python3-apt", "ca-certificates", "procps",
     "iputils-ping", "etcd-server", "etcd-client", "python3-etcd3gw",
+    "patroni",  # with its etcd client, python3-etcd (dlock_postgresql's HA mode)
 ]
 # Services the roles enable where needed, and apt timers that could only fail offline.
 DISABLED_UNITS = [
     "redis-server.service", "postgresql.service", "chrony.service",
-    "prometheus-node-exporter.service", "etcd.service", "apt-daily.timer", "apt-daily-upgrade.timer",
+    "prometheus-node-exporter.service", "etcd.service", "patroni.service", "apt-daily.timer", "apt-daily-upgrade.timer",
 ]
 IMAGE_REVISION = 1  # bump when the build steps change in a way the lists above do not show
 

@@ -87,20 +87,21 @@ def clock_inventory(lab):
     return path
 
 
-def backend_count(backend_type, current):
-    """How many backend nodes a rollout of this type wants: an etcd cluster
-    needs three (more, once a test has grown it, stay), the others run on one
-    (site.yml refuses several Redis hosts)."""
-    if backend_type == "etcd":
+def backend_count(backend_type, current, ha=False):
+    """How many backend nodes a rollout of this type wants: an etcd cluster,
+    and PostgreSQL with Patroni (ha) beside one, need three (more, once a test
+    has grown it, stay), the others run on one (site.yml refuses several Redis
+    hosts)."""
+    if backend_type == "etcd" or ha:
         return current if current >= 3 else 3
     return 1
 
 
-def shape(lab, backend_type):
+def shape(lab, backend_type, ha=False):
     """Boot or remove backend nodes so the lab has backend_count of them (job
     nodes stay); returns the backend nodes' names."""
     current = len(lab.group("dlock_backend"))
-    wanted = backend_count(backend_type, current)
+    wanted = backend_count(backend_type, current, ha)
     if wanted != current:
         lab.up(nodes=len(lab.group("dlock_nodes")), backends=wanted)
     return lab.group("dlock_backend")
@@ -117,7 +118,7 @@ def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
     (as many as backend_count wants, booted or removed first), chrony, the
     runner, the jobs and the metrics. The backend password is generated once
     into the lab's state directory."""
-    shape(lab, backend_type)
+    shape(lab, backend_type, bool(extra_vars.get("dlock_postgresql_ha")))
     site_vars = {"dlock_backend_type": backend_type,
                  "dlock_backend_password_file": password_file(lab)}
     site_vars.update(extra_vars)
@@ -161,17 +162,21 @@ def jobs(lab, jobs_list, *args, check=True):
     return ansible_playbook(lab, playbook, {"dlock_jobs_list": jobs_list}, *args, check=check)
 
 
-def password_file(lab, admin=False):
+def password_file(lab, admin=False, patroni=None):
     """Where site.yml keeps the generated backend password (0600, on the
-    controller); admin: etcd's root password, site.yml's default place for it
-    (beside the lab's inventory, in its state directory)."""
-    name = "dlock-backend-admin.password" if admin else "dlock-backend.password"
+    controller); admin: etcd's root password; patroni: one of Patroni's
+    (etcd, replication, rewind, restapi). site.yml's default places for them:
+    beside the lab's inventory, in its state directory."""
+    if patroni:
+        name = "dlock-patroni-%s.password" % patroni
+    else:
+        name = "dlock-backend-admin.password" if admin else "dlock-backend.password"
     return os.path.join(lab.state_dir, "credentials", name)
 
 
-def read_password(lab, admin=False):
+def read_password(lab, admin=False, patroni=None):
     """The generated password (the lookup writes 'PASSWORD[ salt=...]')."""
-    with open(password_file(lab, admin)) as handle:
+    with open(password_file(lab, admin, patroni)) as handle:
         return handle.read().split(" salt=")[0].strip()
 
 
@@ -180,13 +185,15 @@ def main():
     sub = parser.add_subparsers(dest="command", required=True)
     site_p = sub.add_parser("site", help="site.yml with a provisioned backend")
     site_p.add_argument("--backend-type", choices=["redis", "postgresql", "etcd"], default="redis")
+    site_p.add_argument("--ha", action="store_true", help="postgresql: a Patroni cluster on three backend nodes")
     site_p.add_argument("-e", "--extra-vars", action="append", default=[],
                         help="@FILE of extra variables (YAML or JSON), as ansible-playbook -e")
     args = parser.parse_args()
     passthrough = []
     for value in args.extra_vars:
         passthrough += ["-e", value]
-    done = site(Lab(), args.backend_type, {}, *passthrough, check=False, capture=False)
+    extra = {"dlock_postgresql_ha": True} if args.ha else {}
+    done = site(Lab(), args.backend_type, extra, *passthrough, check=False, capture=False)
     return done.returncode
 
 

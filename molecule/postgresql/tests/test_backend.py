@@ -6,25 +6,19 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
 
-import base64  # noqa: E402
-import hashlib  # noqa: E402
-import hmac  # noqa: E402
-import re  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 
-import psycopg  # noqa: E402
-import pytest  # noqa: E402
-
-from fleet_checks import secret, ssh_with_stdin  # noqa: E402
+# The shared tests, imported to be collected here.
+from pg_checks import (  # noqa: E402,F401  pylint: disable=unused-import
+    sql,
+    test_a_host_outside_pg_hba_is_refused,
+    test_the_password_is_stored_as_a_scram_verifier_of_it,
+    test_the_role_has_least_privilege,
+)
 
 testinfra_hosts = ["ansible://dlock_backend"]
 CONF = "/etc/postgresql/15/main"
-
-
-def sql(host, query, database="dlock"):
-    """A query as the postgres superuser (peer authentication on the socket)."""
-    return host.check_output("runuser -u postgres -- psql -XAtq -d %s -c %s", database, query)
 
 
 def test_postgresql_runs_with_the_dlock_settings(host):
@@ -47,45 +41,6 @@ def test_pg_hba_lets_only_the_fleet_in(host):
     assert rules[0] == ["local", "all", "postgres", "peer"]
     assert sorted(r[3] for r in rules[1:]) == addresses
     assert all(r[:3] == ["host", "dlock", "dlock"] and r[4] == "scram-sha-256" for r in rules[1:])
-
-
-def test_a_host_outside_pg_hba_is_refused(host):
-    address = host.ansible.get_variables()["ansible_host"]
-    # From the controller (the lab host, x.x.x.1), with the right password.
-    with pytest.raises(psycopg.OperationalError, match="no pg_hba.conf entry"):
-        psycopg.connect(host=address, user="dlock", dbname="dlock", password=secret("backend.password"),
-                        connect_timeout=5, sslmode="disable")
-    # From the backend itself over TCP.
-    done = ssh_with_stdin(host, 'PGPASSWORD="$(cat)" psql -h %s -U dlock -d dlock -c "SELECT 1"' % address,
-                          secret("backend.password"))
-    assert done.returncode != 0 and "no pg_hba.conf entry" in done.stderr, done.stderr
-
-
-def test_the_role_has_least_privilege(host):
-    attributes = sql(host, "SELECT rolsuper, rolinherit, rolcreaterole, rolcreatedb, rolcanlogin, rolreplication, "
-                           "rolbypassrls FROM pg_roles WHERE rolname = 'dlock'")
-    assert attributes == "f|f|f|f|t|f|f"
-    assert sql(host, "SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member "
-                     "WHERE r.rolname = 'dlock'") == "0"
-    assert sql(host, "SELECT has_database_privilege('dlock', 'dlock', 'CONNECT'), "
-                     "has_database_privilege('dlock', 'dlock', 'CREATE'), "
-                     "has_database_privilege('dlock', 'dlock', 'TEMPORARY'), "
-                     "has_schema_privilege('dlock', 'public', 'CREATE')") == "t|f|f|f"
-    grants = sql(host, "SELECT table_name, string_agg(privilege_type, ',' ORDER BY privilege_type) "
-                       "FROM information_schema.role_table_grants WHERE grantee = 'dlock' GROUP BY 1 ORDER BY 1")
-    assert grants == ("dlock_lease|INSERT,SELECT,UPDATE\ndlock_slot|DELETE,INSERT,SELECT\n"
-                      "dlock_wait|DELETE,INSERT,SELECT,UPDATE")
-    assert sql(host, "SELECT string_agg(tableowner, ',') FROM pg_tables WHERE tablename LIKE 'dlock_%'") == "postgres,postgres,postgres"
-
-
-def test_the_password_is_stored_as_a_scram_verifier_of_it(host):
-    stored = sql(host, "SELECT rolpassword FROM pg_authid WHERE rolname = 'dlock'", "postgres")
-    match = re.match(r"^SCRAM-SHA-256\$(\d+):([^$]+)\$([^:]+):(.+)$", stored)
-    assert match, "not a SCRAM verifier"
-    salted = hashlib.pbkdf2_hmac("sha256", secret("backend.password").encode(), base64.b64decode(match.group(2)),
-                                 int(match.group(1)))
-    stored_key = hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
-    assert base64.b64encode(stored_key).decode() == match.group(3)
 
 
 def test_a_dead_advisory_session_is_noticed_in_seconds(host):

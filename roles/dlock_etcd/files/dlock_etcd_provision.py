@@ -6,8 +6,9 @@ command line, in the environment or in a file.
 
 Spec: {"endpoint": "http(s)://ADDRESS:PORT", "ca_file": path or "",
 "peer_urls": [every member's peer URL, from the inventory], "root_password",
-"user", "password", "prefix" (e.g. /dlock), "wait" (seconds for the member to
-be healthy), "check": bool}.
+"user", "password", "prefix" (e.g. /dlock), "extra_users": [{"name",
+"password", "prefix"}] (say Patroni's), "wait" (seconds for the member to be
+healthy), "check": bool}.
 
 What it does:
 1. waits until the member says it is healthy (it has a leader and its quorum);
@@ -15,10 +16,11 @@ What it does:
    stops if they differ: membership changes are an operator's steps (README);
 3. logs in as root; if etcd says authentication is not enabled yet, goes on
    without a token (the first run); a wrong root password stops it;
-4. makes sure that root exists and has the root role, that the role USER has
-   exactly one permission, readwrite on the keys under PREFIX/, and that the
-   user USER has exactly that role and the given password (checked by logging
-   in as USER; etcd keeps only a bcrypt hash);
+4. makes sure that root exists and has the root role, and that for the
+   runners' user and every extra user, the role USER has exactly one
+   permission, readwrite on the keys under its PREFIX/, and the user USER has
+   exactly that role and the given password (checked by logging in as USER;
+   etcd keeps only a bcrypt hash);
 5. enables authentication, last.
 Prints {"changed": bool, "actions": [...]} (never a password) and exits 0, or
 prints {"failed": true, "msg": ...} and exits 1. In check mode it only reports.
@@ -153,9 +155,8 @@ class Provisioner(object):
         if "root" not in roles:
             self.do("grant role root to user root", "/auth/user/grant", {"user": "root", "role": "root"})
 
-    def role(self):
-        name = self.spec["user"]
-        key, range_end = prefix_range(self.spec["prefix"])
+    def role(self, name, prefix):
+        key, range_end = prefix_range(prefix)
         want = {"permType": "READWRITE", "key": b64(key), "range_end": b64(range_end)}
         try:
             perms = self.member.call("/auth/role/get", {"role": name}).get("perm", [])
@@ -174,8 +175,7 @@ class Provisioner(object):
         if want not in haves:
             self.do("grant readwrite on %s* to role %s" % (key, name), "/auth/role/grant", {"name": name, "perm": want})
 
-    def user(self, auth_enabled):
-        name, password = self.spec["user"], self.spec["password"]
+    def user(self, name, password, auth_enabled):
         try:
             roles = self.member.call("/auth/user/get", {"name": name}).get("roles", [])
         except EtcdError as exc:
@@ -212,8 +212,10 @@ class Provisioner(object):
                               "give the password root has (the role cannot change it without it)")
             raise
         self.root(auth_enabled)
-        self.role()
-        self.user(auth_enabled)
+        accounts = [{"name": self.spec["user"], "password": self.spec["password"], "prefix": self.spec["prefix"]}]
+        for account in accounts + list(self.spec.get("extra_users") or []):
+            self.role(account["name"], account["prefix"])
+            self.user(account["name"], account["password"], auth_enabled)
         if not auth_enabled:
             self.do("enable authentication", "/auth/enable", {})
         return {"changed": bool(self.actions), "actions": self.actions}

@@ -1,0 +1,206 @@
+"""Faults of a PostgreSQL lock backend with Patroni on a real fleet (issue 13).
+
+site.yml with dlock_backend_type postgresql and dlock_postgresql_ha makes a
+Patroni cluster (PostgreSQL 15, synchronous_mode_strict) on the three
+backend nodes of the etcd lab (its store: the etcd cluster the etcd fault
+tests just used, on the same nodes) and points the job nodes at all its
+members (target_session_attrs=read-write). The ledger job runs as in the
+etcd fault tests (faults.py), while:
+
+- the primary's node crashes (PostgreSQL, Patroni and that etcd member
+  killed at once), then boots and rejoins;
+- the primary is partitioned from the other members and the nodes, then
+  healed (it must stop granting: its synchronous standby is out of reach);
+- three leader changes in a row, switchover, switchover, failover, each
+  while a run holds the lock;
+- both standbys stop: no synchronous standby, so no grant may count (strict
+  mode: a commit waits for a standby that is not there, the engine cancels
+  it at op_timeout and reports the backend error); grants resume when one
+  standby is back.
+
+In every test: no two runs overlap, no slot runs twice, fencing tokens
+strictly increase in grant order across every leader change, and no gap is
+longer than the TTL plus Patroni's failover time (gap_bound says why).
+
+Runs on conftest's etcd_lab after test_etcd_faults.py and before
+test_etcd_members.py (conftest orders them), with one site.yml rollout.
+"""
+
+import json
+import math
+import time
+
+import faults
+import ledger
+import pytest
+from rollout import site
+
+pytestmark = pytest.mark.lab
+
+TTL = 6.0
+# As for etcd: renewed every 1.5s, a call may take 3s (libpq tries the
+# members in turn; one that does not answer costs its connect timeout), the
+# job is killed 0.5s after its SIGTERM: 1.5 + 3 + 0.5 + margin < 6.
+JOB_SPEC = faults.job_spec(TTL, renew_every="1.5s", op_timeout="3s", kill_grace="500ms", max_clock_skew="500ms")
+PATRONI = "/etc/patroni/config.yml"
+NO_RESTART = "/run/systemd/system/patroni.service.d/faults.conf"
+
+
+def gap_bound(ttl, loop_wait):
+    """The longest the fleet may go without a run across one leader change.
+
+    The run in flight may end without releasing (its runner lost the lease
+    or could not reach a primary): its lease row, synchronously committed,
+    holds until TTL after its last renewal, counted on the new primary's
+    clock. A failover takes Patroni up to its leader key's ttl (the old
+    leader's key must expire) plus one loop (loop_wait) for a standby to
+    notice and promote, plus a second or two to promote; a switchover is
+    quicker. The fleet then needs a timer to fire and a runner to start and
+    take the lock (RUNNER_START)."""
+    return (math.ceil(TTL) + ttl + loop_wait + 2.0 + faults.PERIOD + faults.RANDOMIZED_DELAY + faults.ACCURACY
+            + faults.RUNNER_START)
+
+
+class PatroniFleet(faults.LedgerFleet):
+    """The lab with the Patroni cluster's members and the jobs' controls."""
+
+    def members_state(self, via=None):
+        """{member: (role, state)} as patronictl lists them (read from etcd)."""
+        for member in [via] if via else self.members:
+            done = self.lab.ssh(member, "patronictl -c %s list -f json" % PATRONI, timeout=30)
+            if done.returncode == 0:
+                return dict((row["Member"], (row["Role"], row["State"])) for row in json.loads(done.stdout or "[]"))
+        return {}
+
+    def wait_whole(self, via=None, timeout=120):
+        """Until every member runs, one leads and one is its synchronous
+        standby; returns the leader."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.members_state(via)
+            leaders = [m for m, (role, run) in state.items() if role == "Leader" and run == "running"]
+            sync = [m for m, (role, run) in state.items() if role == "Sync Standby" and run in ("running", "streaming")]
+            up = [m for m, (role, run) in state.items() if run in ("running", "streaming")]
+            if len(leaders) == 1 and sync and len(up) == len(self.members):
+                return leaders[0]
+            assert time.monotonic() < deadline, "the Patroni cluster is not whole after %ds: %r" % (timeout, state)
+            time.sleep(0.5)
+
+    def roles(self):
+        """(leader, [sync standbys], [other replicas]) of a whole cluster."""
+        leader = self.wait_whole()
+        state = self.members_state()
+        return (leader, [m for m, (role, _run) in state.items() if role == "Sync Standby"],
+                [m for m, (role, _run) in state.items() if role == "Replica"])
+
+    def patronictl(self, command):
+        self.lab.ssh(self.members[0], "patronictl -c %s %s" % (PATRONI, command), check=True, timeout=120)
+
+    def dcs_setting(self, name):
+        """A cluster-wide Patroni setting, as the leader stores it in etcd."""
+        done = self.lab.ssh(self.members[0], "patronictl -c %s show-config" % PATRONI, check=True)
+        for line in done.stdout.splitlines():
+            if line.startswith(name + ":"):
+                return line.split(":", 1)[1].strip()
+        raise AssertionError("%s is not in Patroni's settings: %s" % (name, done.stdout))
+
+
+@pytest.fixture(scope="module")
+def fleet(etcd_lab):
+    lab = etcd_lab
+    faults.install_ledger_job(lab)
+    done = site(lab, "postgresql", {"dlock_postgresql_ha": True, "dlock_jobs_list": [JOB_SPEC]})
+    assert "failed=0" in done.stdout
+    patroni = PatroniFleet(lab)
+    patroni.stop_jobs()  # site.yml started the timers: each test starts them itself
+    assert patroni.dcs_setting("synchronous_mode_strict") == "true"
+    return patroni
+
+
+def bound(fleet):
+    return gap_bound(int(fleet.dcs_setting("ttl")), int(fleet.dcs_setting("loop_wait")))
+
+
+def test_primary_crashed(fleet, capsys):
+    """The primary's node killed at once (PostgreSQL, Patroni, its etcd
+    member), kept down until the fleet ran on the new primary, then booted:
+    it rejoins as a standby."""
+    def inject(fault):
+        fault["member"] = fleet.wait_whole()
+        fault["at"] = time.time()
+        fleet.lab.crash(fault["member"])
+    faults.run_fault(fleet, capsys, "patroni: primary crashed", inject, fleet.lab.start, bound(fleet))
+
+
+def test_primary_partitioned(fleet, capsys):
+    """The primary's link cut from the other members and the nodes (its
+    Patroni loses etcd and demotes it; a standby is promoted), then healed."""
+    def inject(fault):
+        fault["member"] = fleet.wait_whole()
+        fault["at"] = time.time()
+        fleet.lab.partition(fault["member"])
+    faults.run_fault(fleet, capsys, "patroni: primary partitioned", inject, fleet.lab.heal, bound(fleet))
+
+
+def test_three_leader_changes_in_a_row(fleet, capsys):
+    """Switchover, switchover, failover, each while a run holds the lock
+    and each as soon as the cluster is whole again after the last."""
+    def inject(fault):
+        for step, kind in enumerate(("switchover", "switchover", "failover")):
+            leader, sync, _others = fleet.roles()
+            fault.setdefault("member", leader)
+            fault.setdefault("at", time.time())
+            if step:
+                fleet.wait_runs(time.time(), 1, "before the %s" % kind, timeout=60, running=True)
+            if kind == "switchover":
+                fleet.patronictl("switchover --leader %s --candidate %s --force" % (leader, sync[0]))
+            else:
+                fleet.patronictl("failover --candidate %s --force" % sync[0])
+            deadline = time.monotonic() + 120
+            while fleet.wait_whole() == leader:
+                assert time.monotonic() < deadline, "the %s left %s leading" % (kind, leader)
+                time.sleep(0.5)
+    faults.run_fault(fleet, capsys, "patroni: switchover, switchover, failover", inject, lambda member: None,
+                     bound(fleet))
+
+
+def test_no_grant_without_a_synchronous_standby(fleet, capsys):
+    """Both standbys stopped: strict synchronous mode leaves no standby to
+    confirm a commit, so no grant may count, and the fleet must not run the
+    job at all; one standby back, and grants resume."""
+    leader = fleet.wait_whole()
+    standbys = [m for m in fleet.members if m != leader]
+    since = fleet.start_jobs()
+    try:
+        fleet.wait_runs(since, 2, "before the standbys stop", timeout=60, running=True)
+        for member in standbys:
+            fleet.lab.ssh(member, "systemctl stop patroni", check=True, timeout=120)
+        stopped = time.time()
+        # A run that holds the lock now cannot renew (a renewal is a commit):
+        # its runner kills it before its lease ends. Then nothing may start.
+        quiet_from = stopped + TTL + faults.RUNNER_START
+        # Absence is watched over a window (4 TTLs): the ledger is read every
+        # second and must show no run that started in it.
+        deadline = time.monotonic() + 4 * TTL
+        while time.monotonic() < deadline:
+            runs = fleet.runs(since)
+            started = [r for r in runs if r["start"] >= quiet_from]
+            assert not started, "runs started with no synchronous standby: %r" % started
+            time.sleep(1.0)
+        errors = fleet.results(stopped).get("backend_error", (0, None))
+        assert errors[0] > 0, "no runner reported the backend error: %r" % fleet.results(stopped)
+        fleet.lab.ssh(standbys[0], "systemctl start patroni", check=True, timeout=120)
+        back = time.time()
+        fleet.wait_runs(back, 2, "after a standby is back", timeout=120)
+    finally:
+        for member in standbys:
+            fleet.lab.ssh(member, "systemctl start patroni", timeout=120)
+        fleet.stop_jobs()
+    fleet.wait_whole()
+    granted = fleet.runs(since)
+    ledger.check(granted)  # and through it all: no overlap, no slot twice, fences in order
+    results = fleet.results(since)
+    assert set(results) <= faults.RESULTS, results
+    with capsys.disabled():
+        print("\npatroni: no synchronous standby for %.0fs: %d runs, none started in between; results %s"
+              % (back - stopped, len(granted), dict((r, n) for r, (n, _e) in sorted(results.items()))))
