@@ -1,5 +1,6 @@
 """Command line of the node runner: dlock run | status | release | check-clock | metrics."""
 
+import os
 import sys
 
 from . import __version__
@@ -235,6 +236,26 @@ def _flags(values):
 
 
 def main(argv=None):
+    """Run the command line and end the process with its exit code (_exit)."""
+    _exit(_main(argv))
+
+
+def _exit(code):
+    """End the process at once. Everything a command opened is closed by now
+    (the job and its guard ended, the backend's connections closed, the log
+    line and the metrics written); what the interpreter would still do,
+    module by module, does nothing for them and costs a start of `dlock
+    run` ~7 ms with a driver loaded (the bare `python3 -c "import redis"`
+    pays it too)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken pipe: nothing more can be said there
+    os._exit(code)
+
+
+def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
     command = None
     if "--" in argv:
