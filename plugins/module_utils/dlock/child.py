@@ -278,7 +278,7 @@ def _job_process(guard_pid, cgroup, prctl, spec_r, err_w):
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
         _send(err_w, "error %d %s" % (exc.errno or 0, exc.strerror or exc))
-    except BaseException:  # pylint: disable=broad-except  (nothing may escape a forked child)
+    except BaseException:  # nothing may escape a forked child: it ends here
         pass
     os._exit(127)
 
