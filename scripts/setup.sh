@@ -12,6 +12,7 @@ DEBS=(
   debootstrap systemd-container iproute2 iptables  # the lab: nspawn nodes in network namespaces
   openssh-client faketime chrony rsync git
   python3-venv
+  python3-redis python3-psycopg                # the nodes' drivers, for tests/bench/bench_startup.py on /usr/bin/python3
 )
 
 missing=()

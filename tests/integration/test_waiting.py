@@ -193,6 +193,15 @@ def pgbouncer(pg_server):
     bouncer.stop()
 
 
+def _noting_refusals(acquire, event):
+    def noted(*args, **kwargs):
+        grant = acquire(*args, **kwargs)
+        if not grant.granted:
+            event.set()
+        return grant
+    return noted
+
+
 def test_waiting_through_pgbouncer_in_transaction_mode(pgbouncer, unique_key):
     """PgBouncer in transaction pooling runs each statement on any session of
     its pool, so a LISTEN does not stay with the waiter: notifications reach
@@ -206,6 +215,12 @@ def test_waiting_through_pgbouncer_in_transaction_mode(pgbouncer, unique_key):
         assert holder.acquire(unique_key, "holder", 60).granted
         for number, waiter in enumerate(waiters):
             waiter.join_queue(unique_key, "w%d" % number, 30)  # the order of arrival
+        # The holder releases once every waiter was refused a first time: a
+        # waiter whose first try came after the release would be granted at
+        # once, outside waiting.acquire's line, and keep the ticket joined above.
+        refused = [threading.Event() for _waiter in waiters]
+        for waiter, event in zip(waiters, refused):
+            waiter.acquire = _noting_refusals(waiter.acquire, event)
 
         def wait(number):
             try:
@@ -218,6 +233,8 @@ def test_waiting_through_pgbouncer_in_transaction_mode(pgbouncer, unique_key):
         threads = [threading.Thread(target=wait, args=(n,)) for n in (2, 1, 0)]
         for thread in threads:
             thread.start()
+        for event in refused:
+            assert event.wait(30)
         released = time.monotonic()
         assert holder.release(unique_key, "holder")
         for thread in threads:

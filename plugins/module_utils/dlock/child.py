@@ -21,12 +21,21 @@ mount; a systemd unit with Delegate=yes), the job runs in a cgroup of its
 own, and the guard kills it with cgroup.kill (kernel >= 5.14): atomic, no
 race with a job that forks while it is being killed, and the runner uses it
 too when the guard itself died. DLOCK_CGROUP=off turns the cgroup off.
+
+The guard is started first thing in `dlock run` (Child.prepare), before the
+runner loads its modules or asks the backend, and forks at once the job's
+process, which takes its process group, its parent-death signal and its
+cgroup and then waits for the command (Child.start, after the grant; a run
+with no job dismisses it). Moving a process into a cgroup waits for an RCU
+grace period (15 ms here, the longest single step of a start); it is spent
+while the runner works, not after the grant, and so are the guard's own
+start and its import of ctypes. Forked before the runner has any thread,
+connection or flock, the guard inherits none of them.
 """
 
 import os
 import select
 import signal
-import subprocess
 
 from .deadline import now
 
@@ -203,54 +212,136 @@ def _close_inherited(keep):
             pass  # the directory's own descriptor, already closed
 
 
-def _job_preexec(guard_pid, cgroup, prctl):
-    def preexec():
+def _encode(argv, env, cwd):
+    """The command for the job's process: cwd, len(argv), argv, NAME=VALUE...,
+    NUL-separated; what subprocess.Popen refuses is refused (ValueError)."""
+    words = [os.fsencode(cwd or ""), str(len(argv)).encode()]
+    for arg in argv:
+        words.append(os.fsencode(arg))
+    for name, value in env.items():
+        name, value = os.fsencode(name), os.fsencode(value)
+        if not name or b"=" in name:
+            raise ValueError("illegal environment variable name")
+        words.append(name + b"=" + value)
+    if any(b"\0" in word for word in words):
+        raise ValueError("embedded null byte")
+    return b"\0".join(words)
+
+
+def _decode(data):
+    words = data.split(b"\0")
+    count = int(words[1])
+    argv = words[2:2 + count]
+    env = dict(word.split(b"=", 1) for word in words[2 + count:])
+    return argv, env, words[0] or None
+
+
+def _read_all(fd):
+    chunks = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _job_process(guard_pid, cgroup, prctl, spec_r, err_w):
+    """The job's process until it execs the command: in a process group of its
+    own, killed when the guard dies, in the job's cgroup; then it waits for
+    the command (end of file without one: no job, it exits). A failed exec
+    or chdir is written to err_w ("error ERRNO TEXT"); a successful exec
+    closes it (close-on-exec) unwritten. Never returns."""
+    try:
         os.setpgid(0, 0)
-        if cgroup:
-            try:
-                with open(os.path.join(cgroup, "cgroup.procs"), "w") as handle:
-                    handle.write("0")
-            except (IOError, OSError):
-                pass  # the guard sees it (_in_cgroup) and the run is guarded only
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != guard_pid:  # the guard died before prctl took effect
                 os._exit(1)
-    return preexec
+        if cgroup:
+            try:
+                with open(os.path.join(cgroup, "cgroup.procs"), "w") as handle:
+                    handle.write("0")  # the slow step (an RCU grace period), done while the runner works
+            except (IOError, OSError):
+                pass  # the guard sees it (_in_cgroup) and the run is guarded only
+        data = _read_all(spec_r)
+        if not data:
+            _send(err_w, "dismissed")
+            os._exit(0)
+        argv, env, cwd = _decode(data)
+        # As subprocess does (restore_signals): what Python ignores, the job must not.
+        for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(signum, signal.SIG_DFL)
+        if cwd:
+            os.chdir(cwd)
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        _send(err_w, "error %d %s" % (exc.errno or 0, exc.strerror or exc))
+    except BaseException:  # nothing may escape a forked child: it ends here
+        pass
+    os._exit(127)
 
 
-def _guard(argv, env, cwd, cgroup, prctl, life_r, report_w):
-    """Start the job, wait for it or for the runner's end, kill what is left,
-    report "exit STATUS KILLED". Never returns: os._exit, so nothing of the
-    runner's state (buffers, atexit) runs twice."""
+def _await_exec(err_r, life_r):
+    """Wait until the job's process execs the command: "started", or the
+    line it wrote (its exec failed, or it was dismissed), or None when the
+    runner ended (or dismissed the job) first. The wake-up pipe is left
+    alone: a job that ends at once has its SIGCHLD there for the main loop."""
+    while True:
+        readable = select.select([err_r, life_r], [], [])[0]
+        if err_r in readable:
+            said = _read_all(err_r).decode("utf-8", "replace").strip()
+            return said or "started"
+        if life_r in readable and not os.read(life_r, 1):
+            return None
+
+
+def _guard(cgroup, spec_r, life_r, report_w):
+    """Fork the job's process, wait for its exec, then for the job or for the
+    runner's end; kill what is left, report "exit STATUS KILLED". Never
+    returns: os._exit, so nothing of the runner's state (buffers, atexit)
+    runs twice."""
     try:
         os.setsid()
+        prctl = _prctl()  # ctypes is imported here: forked before the runner has threads, while it works
         if prctl is not None:
             prctl(PR_SET_CHILD_SUBREAPER, 1)
         wake_r, wake_w = os.pipe()
+        err_r, err_w = os.pipe()  # close-on-exec: the job's exec closes it
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
-        _close_inherited((life_r, report_w, wake_r, wake_w))
+        _close_inherited((spec_r, life_r, report_w, wake_r, wake_w, err_r, err_w))
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, _ignore)
         for signum in IGNORED_BY_GUARD:
             signal.signal(signum, _ignore)  # a handler, not SIG_IGN: exec resets it for the job
-        try:
-            job = subprocess.Popen(argv, env=env, cwd=cwd, preexec_fn=_job_preexec(os.getpid(), cgroup, prctl))
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            _send(report_w, "error %d %s" % (getattr(exc, "errno", None) or 0,
-                                             getattr(exc, "strerror", None) or exc))
+        guard_pid = os.getpid()
+        job_pid = os.fork()
+        if job_pid == 0:
+            os.close(err_r)
+            os.close(life_r)
+            os.close(report_w)
+            _job_process(guard_pid, cgroup, prctl, spec_r, err_w)
+        os.close(spec_r)
+        os.close(err_w)
+        said = _await_exec(err_r, life_r)
+        if said != "started":
+            os.kill(job_pid, signal.SIGKILL)  # not started: nothing of it may run
+            os.waitpid(job_pid, 0)
+            if cgroup:
+                remove_cgroup(cgroup)
+            if said is not None and said.startswith("error "):
+                _send(report_w, said)
             os._exit(0)
-        contained = "cgroup" if cgroup and _in_cgroup(job.pid, cgroup) else "guard"
-        _send(report_w, "started %d %s" % (job.pid, contained))
-        status = None
+        contained = "cgroup" if cgroup and _in_cgroup(job_pid, cgroup) else "guard"
+        _send(report_w, "started %d %s" % (job_pid, contained))
+        status = _reap(job_pid)[1]  # it may have ended already
         while status is None:
             readable = select.select([life_r, wake_r], [], [])[0]
             _drain(wake_r)
-            status = _reap(job.pid)[1]
+            status = _reap(job_pid)[1]
             if life_r in readable and not os.read(life_r, 1):
                 break  # the runner is gone, or ended the run: kill everything
-        status, killed = _kill_tree(job.pid, cgroup, wake_r, status)
+        status, killed = _kill_tree(job_pid, cgroup, wake_r, status)
         if cgroup:
             remove_cgroup(cgroup)
         _send(report_w, "exit %d %d" % (-1 if status is None else status, killed))
@@ -266,26 +357,59 @@ def _ignore(_signum, _frame):
 # -- the runner's side ------------------------------------------------------------
 class Child(object):
     """The job as the runner sees it: started under a guard, signalled as a
-    process group, waited for through the guard."""
+    process group, waited for through the guard.
+
+    Child(argv, env, cwd) starts a job at once; Child.prepare() starts the
+    guard and the job's process without a command, for start() to give it
+    one later or dismiss() to end them."""
 
     def __init__(self, argv, env, cwd=None, cgroup=True):
+        self._prepare(cgroup)
+        self.start(argv, env, cwd)
+
+    @classmethod
+    def prepare(cls, cgroup=True):
         """cgroup: make the job a cgroup of its own where one can be made
         (False: DLOCK_CGROUP=off, the guard alone)."""
+        child = cls.__new__(cls)
+        child._prepare(cgroup)
+        return child
+
+    def _prepare(self, cgroup):
         self.cgroup = make_cgroup() if cgroup else None
-        prctl = _prctl()  # imports ctypes here, not in the forked guard
+        spec_r, spec_w = os.pipe()
         life_r, life_w = os.pipe()
         report_r, report_w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            os.close(spec_w)
             os.close(life_w)
             os.close(report_r)
-            _guard(argv, env, cwd, self.cgroup, prctl, life_r, report_w)
+            _guard(self.cgroup, spec_r, life_r, report_w)
+        os.close(spec_r)
         os.close(life_r)
         os.close(report_w)
-        self.pid, self._life, self._report = pid, life_w, os.fdopen(report_r, "rb")
-        self.returncode = None
+        self.pid, self._spec, self._life, self._report = pid, spec_w, life_w, os.fdopen(report_r, "rb")
+        self.job_pid = self.containment = self._pidfd = self.returncode = None
         self.leftovers = 0
         self.trouble = None
+
+    def start(self, argv, env, cwd=None):
+        """Run argv (a list; env a dict; cwd or None) in the prepared job's
+        process. OSError or ValueError (as subprocess raises them) when it
+        cannot start; the guard is gone then."""
+        try:
+            spec = _encode(argv, env, cwd)
+        except ValueError:
+            self.dismiss()
+            raise
+        try:
+            while spec:  # the job's process reads as we write (a large environment fills the pipe)
+                spec = spec[os.write(self._spec, spec):]
+        except OSError:
+            pass  # the guard or the job's process died: its report (or none) says so
+        os.close(self._spec)
+        self._spec = None
         words = self._report.readline().decode("utf-8", "replace").rstrip("\n").split(" ", 2)
         if words[0] != "started":
             self._finish()
@@ -297,6 +421,20 @@ class Child(object):
             self._pidfd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
             self._pidfd = None  # Python < 3.9 or kernel < 5.3: poll instead
+
+    def dismiss(self):
+        """No job after all (skipped, refused, an error): the job's process
+        and the guard end, and the guard removes the cgroup. Not waited for:
+        a skipped run ends without waiting for the cgroup move to finish.
+        Nothing once the job was started."""
+        if self._spec is None:
+            return
+        os.close(self._spec)
+        self._spec = None
+        os.close(self._life)
+        self._life = None
+        self._report.close()
+        self._report = None
 
     def signal_group(self, signum):
         """Signal the job's process group; False when none of it is left."""

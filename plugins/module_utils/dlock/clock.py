@@ -1,7 +1,6 @@
 """Local clock against the backend's clock, and chrony's view when present."""
 
 import os
-import subprocess
 import time
 
 from .errors import ClockUnsafe
@@ -28,7 +27,8 @@ def check_offset(offset, rtt, max_skew):
 
 def chrony_tracking():
     """chronyc's tracking as a dict, or None when chronyc is absent or fails."""
-    import shutil  # only check-clock needs it; `run` stays lean
+    import shutil  # only check-clock and metrics need these; `run` stays lean
+    import subprocess
     chronyc = shutil.which("chronyc")
     if chronyc is None:
         return None

@@ -17,13 +17,15 @@ Rules shared by all of them:
 Each function returns the value in its canonical form or raises ConfigError.
 """
 
-import ipaddress
 import json
 import math
 import posixpath
 import re
 
 from .errors import ConfigError
+
+# ipaddress is imported by the validators that need it, when they run: a
+# `dlock run` on file:// never does, and every start would pay for it.
 
 # The longest duration any option accepts (documented): a lease, a wait or a
 # slot longer than this is a typo, and a bounded value keeps every backend's
@@ -269,6 +271,7 @@ def _no_zone(value, field):
 
 def address(value, field):
     """An IPv4 or IPv6 address, in canonical form."""
+    import ipaddress
     text(value, field, 64)
     _no_zone(value, field)
     try:
@@ -280,6 +283,7 @@ def address(value, field):
 def network(value, field):
     """An address or a network in CIDR form; a bare address means that host
     only (/32 or /128). Host bits set in a network are refused (a typo)."""
+    import ipaddress
     text(value, field, 64)
     _no_zone(value, field)
     try:
@@ -292,6 +296,7 @@ def network(value, field):
 
 def hostname(value, field):
     """A DNS name (RFC 1123 labels), or an IP address."""
+    import ipaddress
     text(value, field, 253)
     _no_zone(value, field)
     try:
@@ -436,6 +441,7 @@ def backend_url(url, field="backend"):
 
 
 def _host_port(entry, field, shown_url):
+    import ipaddress
     if entry.startswith("["):
         host, bracket, rest = entry[1:].partition("]")
         if not bracket or (rest and not rest.startswith(":")):

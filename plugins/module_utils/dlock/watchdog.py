@@ -3,10 +3,20 @@
 One long-lived daemon thread per watchdog, armed and disarmed around each
 operation: starting a threading.Timer per call costs a thread start (some
 hundreds of microseconds), as much as a whole PostgreSQL round trip.
+
+Arming and disarming wake the thread only when they must: a wake-up is a
+switch to the watchdog's thread and back, twice an operation (about a fifth
+of a PostgreSQL round trip on loopback). The thread sleeps until the
+earliest deadline it knows of; a later deadline (the next operation's) or a
+disarm needs no wake-up: the thread finds the change when it wakes, and goes
+back to sleep until the current deadline, or for good when there is none.
+Only a deadline earlier than the thread's wake-up time wakes it.
 """
 
 import threading
 import time
+
+_IDLE = float("inf")
 
 
 class Watchdog(object):
@@ -21,6 +31,7 @@ class Watchdog(object):
         self._fired = False
         self._name = name
         self._thread = None
+        self._wakes_at = _IDLE  # when the thread wakes by itself (monotonic)
 
     def arm(self, timeout, action):
         with self._cond:
@@ -30,22 +41,25 @@ class Watchdog(object):
             self._deadline = time.monotonic() + timeout
             self._action = action
             self._fired = False
-            self._cond.notify()
+            if self._deadline < self._wakes_at:
+                self._cond.notify()
 
     def disarm(self):
         with self._cond:
             self._deadline = None
             self._action = None
-            self._cond.notify()
             return self._fired
 
     def _loop(self):
         while True:
             with self._cond:
-                while self._deadline is None:
+                if self._deadline is None:
+                    self._wakes_at = _IDLE
                     self._cond.wait()
+                    continue
                 left = self._deadline - time.monotonic()
                 if left > 0:
+                    self._wakes_at = self._deadline
                     self._cond.wait(left)
                     continue
                 action, self._deadline, self._action = self._action, None, None

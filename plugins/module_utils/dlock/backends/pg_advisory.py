@@ -45,6 +45,7 @@ def _holder_pids(conn, key):
 class PgAdvisoryBackend(PgBackend):
     name = "postgresql+advisory"
     lease_survives_reconnect = False
+    schema_first = True  # a grant that failed on a missing table would leave its advisory lock taken
 
     def __init__(self, *args, **kwargs):
         PgBackend.__init__(self, *args, **kwargs)

@@ -2,7 +2,12 @@
 server's clock (clock_timestamp()); it survives reconnects, server restarts and PgBouncer."""
 
 from .base import Grant, lease_ms
-from .pg_common import FORCE_RELEASE, PgBackend, Refused
+from .pg_common import FORCE_RELEASE, UPSERT_LEASE_NO_LINE, PgBackend, Refused
+
+# expires_at > clock_timestamp(): an expired lease is never brought back to life.
+RENEW = ("UPDATE dlock_lease SET expires_at = clock_timestamp() + %s * interval '1 millisecond' "
+         "WHERE key = %s AND owner = %s AND expires_at > clock_timestamp() RETURNING 1")
+LOCK_ROW = "SELECT 1 FROM dlock_lease WHERE key = %s FOR UPDATE"
 
 
 class PgLeaseBackend(PgBackend):
@@ -11,7 +16,14 @@ class PgLeaseBackend(PgBackend):
     def acquire(self, key, owner, ttl, slot=None):
         def grant(conn):
             if slot is None:  # one atomic statement: no transaction round trips
-                fence = self._upsert(conn, key, owner, lease_ms(ttl))
+                fence = self._upsert(conn, key, owner, lease_ms(ttl), UPSERT_LEASE_NO_LINE)
+                if fence is None:
+                    holder = self._query(conn, key)
+                    if holder.owner is not None:
+                        return Grant("locked", holder=holder)
+                    # Free, yet refused: someone is in line (or the lock was
+                    # freed meanwhile); the grant that follows the line decides.
+                    fence = self._upsert(conn, key, owner, lease_ms(ttl))
                 return Grant("granted", fence=fence) if fence is not None else self._refusal(conn, key, None, "locked")
             try:
                 # One transaction: the slot claim is undone when the lease is busy.
@@ -29,11 +41,7 @@ class PgLeaseBackend(PgBackend):
 
     def renew(self, key, owner, ttl):
         def renew(conn):
-            # expires_at > clock_timestamp(): an expired lease is never brought back to life.
-            return conn.execute(
-                "UPDATE dlock_lease SET expires_at = clock_timestamp() + %s * interval '1 millisecond' "
-                "WHERE key = %s AND owner = %s AND expires_at > clock_timestamp() RETURNING 1",
-                (lease_ms(ttl), key, owner)).fetchone() is not None
+            return conn.execute(RENEW, (lease_ms(ttl), key, owner)).fetchone() is not None
         # A renewal not known to be replicated fails (CommitUnknown, a
         # BackendError): the heartbeat retries until its deadline, then fences.
         return self._run(renew, write=True)
@@ -44,7 +52,7 @@ class PgLeaseBackend(PgBackend):
     def force_release(self, key):
         def force(conn):
             with conn.transaction():
-                conn.execute("SELECT 1 FROM dlock_lease WHERE key = %s FOR UPDATE", (key,))
+                conn.execute(LOCK_ROW, (key,))
                 holder = self._query(conn, key)
                 conn.execute(FORCE_RELEASE, {"key": key})
             return holder

@@ -33,6 +33,23 @@ try:
 except ImportError:
     redis = None
 
+# redis-py 5+ sends CLIENT SETINFO LIB-NAME and LIB-VER on every new
+# connection: two round trips before the first command, for a label in
+# CLIENT LIST. None turns them off: driver_info where redis-py has it (late
+# 2025 on; it deprecates lib_name and lib_version), else lib_name and
+# lib_version (5.0 on). redis-py 4 (Debian 12's 4.3) sends neither.
+NO_SETINFO = {}
+if redis is not None:
+    try:
+        from redis.driver_info import DriverInfo  # noqa: F401  (only its presence matters)
+        NO_SETINFO = {"driver_info": None}
+    except ImportError:
+        try:
+            from redis.utils import get_lib_version  # noqa: F401
+            NO_SETINFO = {"lib_name": None, "lib_version": None}
+        except ImportError:
+            pass
+
 # Time in ms from the server clock, inside scripts (TIME is allowed with
 # effects replication, the default since Redis 5).
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
@@ -173,7 +190,7 @@ class RedisBackend(Backend):
         if redis is None:
             raise MissingDriver("redis", "python3-redis", "redis://")
         kwargs = dict(password=password, socket_timeout=op_timeout, socket_connect_timeout=op_timeout,
-                      decode_responses=True, retry_on_timeout=False, retry=Retry(NoBackoff(), 0))
+                      decode_responses=True, retry_on_timeout=False, retry=Retry(NoBackoff(), 0), **NO_SETINFO)
         if url.startswith("rediss://"):
             # Verify the server's name too: redis-py before 5 (Debian 12 ships
             # 4.3) only checks that some certificate of the CA is presented.

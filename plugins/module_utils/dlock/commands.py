@@ -1,0 +1,204 @@
+"""`dlock status | release | check-clock | metrics`: the commands other than
+`run`, imported only when one of them is used (cli.COMMANDS)."""
+
+import json
+import os
+import socket
+import sys
+import time
+
+from . import clock, lockstate, report, validate
+from .backends import open_backend
+from .config import load_settings
+from .errors import EXIT_CLOCK, BackendError, ConfigError, DlockError
+from .validate import format_duration
+
+
+def _jobs_to_show(settings, args, flags):
+    if getattr(args, "key", None):
+        return [(args.job or "-", args.key)]
+    if getattr(args, "job", None):
+        return [(args.job, settings.key)]
+    try:
+        names = sorted(f[:-5] for f in os.listdir(settings.jobs_dir) if f.endswith(".json"))
+    except OSError as exc:
+        raise ConfigError("jobs dir %s: cannot list (%s); name a --job or --key" % (settings.jobs_dir, exc.strerror))
+    return [(name, load_settings(flags, job=name).key) for name in names]
+
+
+def _ttl_cell(row):
+    if not row["held"]:
+        return "-"
+    if row["ttl_remaining"] is None:
+        return "session"  # an advisory lock or flock: held as long as its holder lives
+    return format_duration(row["ttl_remaining"])
+
+
+def _open(settings):
+    return open_backend(settings.backend_url, settings.password, settings.options.op_timeout, settings.ca_file)
+
+
+def _status_rows(settings, jobs):
+    """[(job, key)] -> (the backend's view of each lock, as dicts, or None
+    when they cannot be read; the member and cluster health,
+    Backend.describe; the BackendError that kept the locks from being read,
+    or None). The cluster is asked either way: an etcd cluster that lost its
+    quorum serves no read, yet its members still say so."""
+    backend = _open(settings)
+    rows, failure = [], None
+    try:
+        try:
+            for job, key in jobs:
+                row = backend.query(key).as_dict()
+                row["job"] = job
+                rows.append(row)
+        except BackendError as exc:
+            rows, failure = None, exc
+        try:
+            info = backend.describe(cluster=True)
+        except DlockError as exc:
+            info = dict(backend.describe(), cluster={"error": str(exc)})
+    finally:
+        backend.close()
+    return rows, info, failure
+
+
+def _member_text(member):
+    if not member:
+        return "-"
+    extra = (["id " + member["id"]] if member.get("id") else []) + ([member["role"]] if member.get("role") else [])
+    return "%s%s%s" % (member["name"] + " " if member.get("name") else "", member["endpoint"],
+                       " (%s)" % ", ".join(extra) if extra else "")
+
+
+def _cluster_text(cluster):
+    """One line of what Backend.describe(cluster=True) found."""
+    if "error" in cluster:
+        return "cannot tell: %s" % cluster["error"]
+    if "members" in cluster:  # etcd
+        leader = cluster["leader"] or cluster["leader_id"]
+        down = ["%s%s" % (row["name"] + " " if row.get("name") else "", row["endpoint"])
+                for row in cluster["endpoints"] if row.get("error") or not row.get("leader")]
+        return "%s members, %d of the URL's %d healthy, leader %s%s" % (
+            "?" if cluster["members"] is None else cluster["members"], cluster["healthy"], len(cluster["endpoints"]),
+            leader or "NONE (no quorum)", "; not healthy: " + ", ".join(down) if down else "")
+    sync = cluster["sync_standbys"]
+    return "synchronous replication %s, %d standby connection(s), %s" % (
+        "on (%s)" % cluster["synchronous_standby_names"] if cluster["sync_replication"] else "off",
+        cluster["standbys_connected"],
+        "not visible which are synchronous (needs pg_monitor)" if sync is None else "%d synchronous" % sync)
+
+
+def status(args, flags):
+    # A job named without --key must exist: a typo is not "free".
+    settings = load_settings(flags, job=args.job, job_must_exist=bool(args.job and not args.key))
+    rows, info, failure = _status_rows(settings, _jobs_to_show(settings, args, flags))
+    if failure is not None:
+        _write_backend(info, sys.stderr)
+        raise failure
+    if args.json:
+        for row in rows:
+            row["backend"] = info
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return 0
+    table = [("JOB", "KEY", "HOLDER", "AGE", "TTL LEFT", "FENCE", "LAST RESULT")]
+    for row in rows:
+        last = row["last"] or {}
+        table.append((
+            row["job"], row["key"], row["owner"] or "-",
+            "-" if row["age"] is None else format_duration(row["age"]),
+            _ttl_cell(row),
+            str(row["fence"]),
+            "-" if not last else "%s (exit %s) on %s" % (last.get("result"), last.get("exit_code"), last.get("host")),
+        ))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for r in table:
+        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+    sys.stdout.write("\n")
+    _write_backend(info, sys.stdout)
+    return 0
+
+
+def _write_backend(info, stream):
+    stream.write("backend: %s, answered by %s\n" % (info["backend"], _member_text(info["member"])))
+    if info["cluster"] is not None:
+        stream.write("cluster: %s\n" % _cluster_text(info["cluster"]))
+
+
+def release(args, flags):
+    if not args.job and not args.key:
+        raise ConfigError("release: name the lock with --job or --key")
+    validate.text(args.reason, "--reason", 500)
+    if not args.reason.strip():
+        raise ConfigError("release: --reason must say why")
+    settings = load_settings(flags, job=args.job)
+    backend = _open(settings)
+    try:
+        holder = backend.force_release(settings.key)
+    finally:
+        backend.close()
+    report.log_line({"job": settings.job, "key": settings.key, "result": "force_released",
+                     "previous_owner": holder.owner, "fence": holder.fence, "reason": args.reason,
+                     "by": socket.gethostname()})
+    sys.stdout.write("released %s (was held by %s, fence %s)\n"
+                     % (settings.key, holder.owner or "nobody", holder.fence))
+    return 0
+
+
+def check_clock(args, flags):
+    settings = load_settings(flags)
+    bound = settings.options.max_clock_skew
+    if args.max_skew:
+        bound = validate.duration(args.max_skew, "--max-skew")
+    backend = _open(settings)
+    try:
+        result = clock.assess(backend, bound)
+    finally:
+        backend.close()
+    chrony, problems = result["chrony"], result["problems"]
+    offset, rtt = result["offset_seconds"], result["rtt_seconds"]
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        sys.stdout.write("backend clock offset: %+.6fs (rtt %.6fs, bound %s)\n" % (offset, rtt, format_duration(bound)))
+        if chrony is None:
+            sys.stdout.write("chrony: chronyc not found\n")
+        elif "error" in chrony:
+            sys.stdout.write("chrony: %s\n" % chrony["error"])
+        else:
+            sys.stdout.write("chrony: %s, stratum %d, reference %s, system time offset %+.6fs\n"
+                             % (chrony["leap_status"], chrony["stratum"], chrony["reference"],
+                                chrony["system_time_offset"]))
+        sys.stdout.write("clock: %s\n" % ("safe" if not problems else "UNSAFE: " + "; ".join(problems)))
+    return 0 if not problems else EXIT_CLOCK
+
+
+def metrics(args, flags):
+    settings = load_settings(flags)
+    if args.output not in (None, "-"):
+        validate.path(args.output, "--output")
+    validate.path(args.unit_dir, "--unit-dir")
+    output = args.output or (settings.metrics_dir and settings.metrics_dir.rstrip("/") + "/dlock-lock-state.prom")
+    if not output:
+        raise ConfigError("metrics: give --output FILE, or set metrics_dir in the config")
+    jobs = _jobs_to_show(settings, args, flags)  # from the job files: known even when the backend is down
+    rows, info, failure = _status_rows(settings, jobs)
+    clock_check = None
+    if failure is None:
+        backend = _open(settings)
+        try:
+            clock_check = clock.assess(backend, settings.options.max_clock_skew)
+        except BackendError as exc:
+            rows, failure = None, exc
+        finally:
+            backend.close()
+    periods = dict((job, lockstate.schedule_period(args.unit_dir, job)) for job, _key in jobs)
+    text = report.render_families(lockstate.families(
+        rows, dict((job, p) for job, p in periods.items() if p), clock_check, time.time(), info))
+    if output == "-":
+        sys.stdout.write(text)
+    else:
+        report.write_textfile(output, text)
+    if failure is not None:
+        raise failure  # the file says so too (dlock_lock_state_refresh_success 0)
+    return 0
