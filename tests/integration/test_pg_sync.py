@@ -4,6 +4,7 @@ only when its commit is known to be on the standby; with the standby gone the
 engine never hangs, never counts what it wrote, and leaves nothing held."""
 
 import os
+import socket
 import sys
 import time
 
@@ -146,6 +147,39 @@ def test_multi_host_url_lands_on_the_primary(pg_sync, unique_key, scheme, tmp_pa
         proc = run_dlock(*_args(url, unique_key, "--", *JOB, "interval", ledger, "0"))
         assert proc.returncode == 0, (hosts, proc.stderr)
     assert [run["fence"] for run in lines(ledger)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_host_that_never_answers_does_not_hide_the_primary(pg_sync, unique_key, scheme, tmp_path):
+    """The first host takes the connection and then says nothing (a frozen
+    or partitioned former primary): the runner still reaches the primary
+    named after it within its op_timeout (each host gets a share of it), and
+    the one after that first, on its next connection."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel completes the handshakes; nobody ever answers
+    try:
+        hosts = ["127.0.0.1:%d" % silent.getsockname()[1], "127.0.0.1:%d" % pg_sync.primary.port]
+        url = "%s://postgres@%s/dlock" % (scheme, ",".join(hosts))
+        ledger = str(tmp_path / "ledger")
+        start = time.monotonic()
+        proc = run_dlock(*_args(url, unique_key, "--op-timeout", "5s", "--", *JOB, "interval", ledger, "0"))
+        took = time.monotonic() - start
+        assert proc.returncode == 0, proc.stderr
+        assert [run["fence"] for run in lines(ledger)] == [1]
+        assert took < 5 + SLACK, took
+        backend = open_backend(url, op_timeout=5.0)
+        try:
+            assert backend.acquire(unique_key + "-2", "owner-a", 30) is not None
+            assert backend.describe()["member"]["endpoint"] == hosts[1]
+            backend.reset()  # a new session starts with the host that answered last
+            start = time.monotonic()
+            backend.query(unique_key + "-2")
+            assert time.monotonic() - start < 1.5, "the silent host was asked first again"
+        finally:
+            backend.close()
+    finally:
+        silent.close()
 
 
 def test_standby_alone_is_refused(pg_sync, unique_key):

@@ -17,7 +17,7 @@ import select
 import time
 
 from ..errors import AuthError, BackendError, DlockError, MissingDriver
-from ..validate import MAX_DURATION
+from ..validate import MAX_DURATION, backend_url
 from ..watchdog import Watchdog
 from .base import Backend, Grant, Holder, endpoint, lease_ms
 
@@ -269,6 +269,10 @@ class PgBackend(Backend):
         if psycopg is None:
             raise MissingDriver("psycopg", "python3-psycopg", "postgresql://")
         self.url = url
+        # [(host, port or None)] in the URL's order; the one that gave the
+        # last read-write session is tried first.
+        self.hosts = backend_url(url).hosts
+        self._current = 0
         self.password = password
         self.op_timeout = op_timeout
         self.ca_file = ca_file
@@ -284,17 +288,48 @@ class PgBackend(Backend):
 
     # -- connection -------------------------------------------------------
     def _connect(self):
+        """A read-write session on the first host that gives one, within
+        op_timeout for all the hosts tried. With several hosts we try them
+        one by one, each with an equal share of what is left (as etcd's
+        members): handed the whole list, libpq (waited on by psycopg) can
+        spend the whole op_timeout on a host that never answers, such as a
+        partitioned former primary, and never ask the new primary behind
+        it. A wrong password is the same on every host: it ends the try."""
+        deadline = time.monotonic() + self.op_timeout
+        count = len(self.hosts)
+        errors = []
+        for number in range(count):
+            index = (self._current + number) % count
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            host, port = self.hosts[index]
+            try:
+                conn = self._connect_to(host, port, left / (count - number))
+            except AuthError:
+                raise
+            except BackendError as exc:
+                errors.append(("%s: %s" % (endpoint(host, port or 5432), exc)) if count > 1 else str(exc))
+                continue
+            self._current = index
+            return conn
+        raise BackendError("postgresql: cannot connect (%s)" % ("; ".join(errors) or "no time left"))
+
+    def _connect_to(self, host, port, timeout):
         kwargs = dict(
+            # This host only (the URL's list is tried by _connect); an empty
+            # port is libpq's default.
+            host=host, port=str(port or ""),
             autocommit=True,
             prepare_threshold=None,
             application_name="dlock",
             # libpq counts connect_timeout in whole seconds and treats < 2 as 2.
-            connect_timeout=max(2, int(math.ceil(self.op_timeout))),
+            connect_timeout=max(2, int(math.ceil(timeout))),
             keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
             tcp_user_timeout=_ms(self.op_timeout),
             # A lock is only ever taken on a server that takes writes: with
-            # several hosts (h1,h2,h3) they are tried in order and a standby
-            # is passed over; with one, a standby is an error, not a lock.
+            # several hosts (h1,h2,h3) a standby is passed over (_connect
+            # goes on to the next); with one, a standby is an error, not a lock.
             # This overrides the URL, which validate.py limits to read-write.
             target_session_attrs="read-write",
         )
@@ -308,9 +343,9 @@ class PgBackend(Backend):
             text = str(exc).strip()
             if "password authentication failed" in text or "no password supplied" in text:
                 raise AuthError("postgresql: authentication failed (%s)" % text.splitlines()[0])
-            raise BackendError("postgresql: cannot connect (%s)" % (text.splitlines()[0] if text else exc))
+            raise BackendError(text.splitlines()[0] if text else str(exc))
         except psycopg.Error as exc:
-            raise BackendError("postgresql: %s" % exc)
+            raise BackendError(str(exc).strip() or exc.__class__.__name__)
         conn.add_notice_handler(self._on_notice)
         conn.add_notify_handler(self._on_notify)
         try:
@@ -319,7 +354,7 @@ class PgBackend(Backend):
             conn.execute("SET client_min_messages = warning")
         except psycopg.Error as exc:
             conn.close()
-            raise BackendError("postgresql: %s" % (str(exc).strip() or exc.__class__.__name__))
+            raise BackendError(str(exc).strip() or exc.__class__.__name__)
         return conn
 
     @property
