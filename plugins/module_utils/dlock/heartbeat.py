@@ -26,9 +26,15 @@ class Heartbeat(threading.Thread):
         self.last_error = None
         self.renewals = 0
         self._stop_event = threading.Event()
+        # stop() and _signal_lost() hold this: once stop() returns, this thread
+        # never writes to wake_fd again, so the runner may close it (a renew in
+        # flight when the job ended would otherwise write to a closed
+        # descriptor, or to whatever file reused its number).
+        self._stop_lock = threading.Lock()
 
     def stop(self):
-        self._stop_event.set()
+        with self._stop_lock:
+            self._stop_event.set()
 
     def _renew_bounded(self):
         box = []
@@ -49,8 +55,11 @@ class Heartbeat(threading.Thread):
         return box[0]
 
     def _signal_lost(self, why):
-        self.lost = why
-        os.write(self.wake_fd, b"x")
+        with self._stop_lock:
+            if self._stop_event.is_set():  # the run is over: what a late renew found is not its result
+                return
+            self.lost = why
+            os.write(self.wake_fd, b"x")
 
     def run(self):
         renew_every = self.options.renew_every

@@ -41,14 +41,11 @@ except ImportError:
 NO_SETINFO = {}
 if redis is not None:
     try:
-        from redis.driver_info import DriverInfo  # noqa: F401  (only its presence matters)
+        import redis.driver_info  # only its presence matters
         NO_SETINFO = {"driver_info": None}
     except ImportError:
-        try:
-            from redis.utils import get_lib_version  # noqa: F401
+        if hasattr(redis.utils, "get_lib_version"):  # redis-py 5 on
             NO_SETINFO = {"lib_name": None, "lib_version": None}
-        except ImportError:
-            pass
 
 # Time in ms from the server clock, inside scripts (TIME is allowed with
 # effects replication, the default since Redis 5).
