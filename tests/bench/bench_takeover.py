@@ -20,9 +20,11 @@ or more): a waiter that started too late (a busy machine) came to a free
 lock, so that round is run again (and counted as "late").
 
 etcd is a 3-member cluster (the deployment issue #13 is about), its waiter
-woken by a watch; Redis and PostgreSQL are single servers, their waiters
-polling with backoff and jitter (capped at TTL/4). All on loopback, real
-servers (tests/servers.py). Ratios are to Redis.
+woken by a watch on its predecessor in line; Redis and PostgreSQL are single
+servers, their waiters woken by pub/sub and LISTEN/NOTIFY. An expired lease
+wakes nobody by itself: each waiter also sleeps only until the lease it saw
+can have expired. All on loopback, real servers (tests/servers.py). Ratios
+are to Redis.
 """
 
 import argparse

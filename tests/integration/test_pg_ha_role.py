@@ -145,3 +145,15 @@ def test_a_member_left_out_of_the_play_is_refused(tmp_path):
     rc, output, rendered = run(tmp_path, THREE, limit="p1,p2")
     assert rc == 2 and rendered == {}, output
     assert "the members p3 of group dlock_backend are not in this play" in output, output
+
+
+def test_the_docs_name_the_patroni_release_the_role_installs():
+    """One pin (vars/main.yml), which the lab image bakes too (tests/lab/lab.py
+    reads it there); what the README and the option's description say must follow it."""
+    with open(os.path.join(ROOT, "roles", "dlock_postgresql", "vars", "main.yml")) as handle:
+        version = yaml.safe_load(handle)["__dlock_postgresql_patroni"]["version"]
+    with open(os.path.join(ROOT, "roles", "dlock_postgresql", "meta", "argument_specs.yml")) as handle:
+        specs = handle.read()
+    with open(os.path.join(ROOT, "README.md")) as handle:
+        readme = handle.read()
+    assert "Patroni %s" % version in specs and "Patroni %s" % version in readme

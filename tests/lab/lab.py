@@ -39,6 +39,8 @@ import sys
 import time
 import uuid
 
+import yaml
+
 DEFAULT_PREFIX = "dlk"
 DEFAULT_SUBNET = "10.77.0"  # first three octets of the lab's /24
 CACHE_DIR = "/var/cache/dlock-lab"  # image and SSH key, kept between runs
@@ -56,14 +58,28 @@ ROLE_PACKAGES = [
     "python3-redis", "python3-psycopg", "redis-server", "redis-tools", "postgresql",
     "chrony", "prometheus-node-exporter", "python3-apt", "ca-certificates", "procps",
     "iputils-ping", "etcd-server", "etcd-client", "python3-etcd3gw",
-    "patroni",  # with its etcd client, python3-etcd (dlock_postgresql's HA mode)
+    # dlock_postgresql's HA mode: Patroni's libraries and python3-venv (its
+    # __dlock_postgresql_ha_packages); Patroni itself is baked below.
+    "python3-venv", "python3-psycopg2", "python3-etcd", "python3-yaml", "python3-click", "python3-prettytable",
+    "python3-psutil", "python3-dateutil", "python3-urllib3", "python3-cdiff",
 ]
 # Services the roles enable where needed, and apt timers that could only fail offline.
 DISABLED_UNITS = [
     "redis-server.service", "postgresql.service", "chrony.service",
-    "prometheus-node-exporter.service", "etcd.service", "patroni.service", "apt-daily.timer", "apt-daily-upgrade.timer",
+    "prometheus-node-exporter.service", "etcd.service", "apt-daily.timer", "apt-daily-upgrade.timer",
 ]
 IMAGE_REVISION = 1  # bump when the build steps change in a way the lists above do not show
+
+
+def patroni_pin():
+    """(virtual environment, version) of the Patroni dlock_postgresql installs
+    from PyPI (its vars/main.yml): baked into the image, as nodes have no
+    route to PyPI, so the role's pip task finds it installed."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                           "roles", "dlock_postgresql", "vars", "main.yml")) as handle:
+        pin = yaml.safe_load(handle)["__dlock_postgresql_patroni"]
+    return pin["venv"], pin["version"]
+
 
 APT_SOURCES = f"""\
 deb {MIRROR} {SUITE} main
@@ -237,7 +253,7 @@ class Lab:
     @staticmethod
     def _recipe_hash():
         """Names the image after its recipe, so a changed recipe builds a new one."""
-        recipe = [SUITE, MIRROR, BASE_PACKAGES, ROLE_PACKAGES, DISABLED_UNITS, IMAGE_REVISION,
+        recipe = [SUITE, MIRROR, BASE_PACKAGES, ROLE_PACKAGES, patroni_pin(), DISABLED_UNITS, IMAGE_REVISION,
                   APT_SOURCES, APT_FRESH_UNIT, SSHD_CONFIG, RESOLV_CONF]
         return hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]
 
@@ -296,9 +312,16 @@ class Lab:
             "apt-get dist-upgrade -y -q",
             "apt-get install -y -q --no-install-recommends " + " ".join(ROLE_PACKAGES),
             "apt-get clean",  # keeps the lists: offline installs of baked packages still resolve
+            # As dlock_postgresql's pip task makes it, from the wheel fetched below.
+            "python3 -m venv --system-site-packages {0} && {0}/bin/pip install -q --no-deps --no-index "
+            "/var/cache/patroni-wheel/patroni-{1}-py3-none-any.whl && rm -r /var/cache/patroni-wheel".format(*patroni_pin()),
             "systemctl disable " + " ".join(DISABLED_UNITS),
             "systemctl enable dlock-lab-apt-fresh.service",
         ])
+        # Patroni's wheel comes through the host's pip (its index, proxy and CA
+        # settings), then is installed offline in the image.
+        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+             "-d", os.path.join(root, "var", "cache", "patroni-wheel"), "patroni==%s" % patroni_pin()[1]])
         # nspawn rather than chroot: it mounts /proc, /sys, /dev for the maintainer
         # scripts and unmounts them whatever happens. Host network for the mirror.
         # Named without a dash, so no lab's `down` (which matches PREFIX-*) takes it for a node.

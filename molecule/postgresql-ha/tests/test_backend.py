@@ -53,6 +53,28 @@ def api(host, path, method="GET", auth=None):
         return error.code, error.read().decode()
 
 
+def pinned_patroni():
+    """The Patroni release dlock_postgresql installs (its vars/main.yml)."""
+    import yaml
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                           "roles", "dlock_postgresql", "vars", "main.yml")) as handle:
+        return yaml.safe_load(handle)["__dlock_postgresql_patroni"]
+
+
+def test_every_member_runs_the_pinned_patroni_from_its_venv(host):
+    """Not Debian 12's 3.0.2 (its old leader can take the leader key back
+    after a partition heals): the pinned release, from its venv, is what
+    runs, and what the REST API reports."""
+    pin = pinned_patroni()
+    unit = host.file("/etc/systemd/system/patroni.service").content_string
+    assert "\nExecStart=%s/bin/patroni %s\n" % (pin["venv"], CONFIG) in unit
+    main_pid = host.check_output("systemctl show -p MainPID --value patroni")
+    assert host.file("/proc/%s/cmdline" % main_pid).content_string.split("\0")[1] == pin["venv"] + "/bin/patroni"
+    assert host.check_output("%s/bin/patroni --version" % pin["venv"]) == "patroni " + pin["version"]
+    status, body = api(host, "/patroni")
+    assert status == 200 and json.loads(body)["patroni"]["version"] == pin["version"]
+
+
 def test_patroni_runs_and_debians_own_cluster_does_not(host):
     assert host.service("patroni").is_running and host.service("patroni").is_enabled
     assert not host.service("postgresql@15-main").is_running
