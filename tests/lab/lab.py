@@ -58,11 +58,14 @@ ROLE_PACKAGES = [
     "python3-redis", "python3-psycopg", "redis-server", "redis-tools", "postgresql",
     "chrony", "prometheus-node-exporter", "python3-apt", "ca-certificates", "procps",
     "iputils-ping", "etcd-server", "etcd-client", "python3-etcd3gw",
-    # dlock_postgresql's HA mode: Patroni's libraries and python3-venv (its
-    # __dlock_postgresql_ha_packages); Patroni itself is baked below.
-    "python3-venv", "python3-psycopg2", "python3-etcd", "python3-yaml", "python3-click", "python3-prettytable",
-    "python3-psutil", "python3-dateutil", "python3-urllib3", "python3-cdiff",
 ]
+# dlock_postgresql's own settings: the HA mode's packages (Patroni's libraries
+# and python3-venv) and the Patroni release it pins, which the image bakes.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                       "roles", "dlock_postgresql", "vars", "main.yml")) as _handle:
+    POSTGRESQL_ROLE_VARS = yaml.safe_load(_handle)
+ROLE_PACKAGES += [name for name in POSTGRESQL_ROLE_VARS["__dlock_postgresql_ha_packages"]
+                  if "{{" not in name and name not in ROLE_PACKAGES]  # postgresql-VERSION is above
 # Services the roles enable where needed, and apt timers that could only fail offline.
 DISABLED_UNITS = [
     "redis-server.service", "postgresql.service", "chrony.service",
@@ -73,11 +76,9 @@ IMAGE_REVISION = 1  # bump when the build steps change in a way the lists above 
 
 def patroni_pin():
     """(virtual environment, version) of the Patroni dlock_postgresql installs
-    from PyPI (its vars/main.yml): baked into the image, as nodes have no
-    route to PyPI, so the role's pip task finds it installed."""
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                           "roles", "dlock_postgresql", "vars", "main.yml")) as handle:
-        pin = yaml.safe_load(handle)["__dlock_postgresql_patroni"]
+    from PyPI: baked into the image, as nodes have no route to PyPI, so the
+    role's pip task finds it installed."""
+    pin = POSTGRESQL_ROLE_VARS["__dlock_postgresql_patroni"]
     return pin["venv"], pin["version"]
 
 
