@@ -138,6 +138,79 @@ def test_metrics_refresh_off_takes_its_units_and_last_state_away(lab, provisione
         assert lab.ssh(node, "test -s %s" % LOCK_STATE).returncode == 0
 
 
+CONTAIN_DIR = "/var/lib/dlock-lab-contain"
+CONTAIN_LEDGER = CONTAIN_DIR + "/ledger"
+BEAT = "/usr/bin/python3 /usr/local/lib/dlock-lab-jobfixture.py pidbeat " + CONTAIN_LEDGER
+# The README's sh -c form, three writers: the foreground command, a
+# background grandchild, and one that double-forks out of the job's session.
+CONTAIN_SCRIPT = "{b} & (setsid {b} &); {b}".format(b=BEAT)
+
+
+def _contain_ledger(lab, node):
+    out = lab.ssh(node, "cat %s 2>/dev/null" % CONTAIN_LEDGER).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def _alive(lab, node, pids):
+    """The pids that still run on the node (a zombie runs nothing)."""
+    out = lab.ssh(node, "for p in %s; do s=$(cut -d')' -f2 /proc/$p/stat 2>/dev/null | cut -d' ' -f2); "
+                        "case $s in ''|Z|X) ;; *) echo $p;; esac; done" % " ".join(map(str, pids))).stdout
+    return {int(p) for p in out.split()}
+
+
+@pytest.mark.parametrize("killed", ["runner", "runner and guard"])
+def test_a_killed_runner_leaves_nothing_of_its_job_under_its_unit(lab, provisioned, killed):
+    """Containment under a dlock_jobs unit. SIGKILL of the runner (the unit's
+    main process): the guard, and systemd as the unit stops, end the job's
+    whole tree, setsid and double fork included. SIGKILL of the runner and
+    its guard at once: nothing of ours is left to do it, and the unit's
+    KillMode=control-group must (with KillMode=process the two writers
+    outside the job's first process would run on)."""
+    provisioned("redis")
+    node = lab.group("dlock_nodes")[0]
+    for n in lab.group("dlock_nodes"):
+        lab.ssh(n, "install -m 0644 /dev/stdin /usr/local/lib/dlock-lab-jobfixture.py && install -d -m 0755 %s"
+                % CONTAIN_DIR, check=True, input=open(os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                                                  "integration", "jobfixture.py")).read())
+    job = {"name": "contain", "command": ["/bin/sh", "-c", CONTAIN_SCRIPT], "schedule": "yearly",
+           # A key of its own each time: the SIGKILLed run's lease lives on for its ttl.
+           "key": "contain-%d" % (time.time() * 1000), "ttl": "30s", "read_write_paths": [CONTAIN_DIR]}
+    jobs(lab, [job])
+    unit = "dlock-contain.service"
+    try:
+        lab.ssh(node, "rm -f %s; systemctl reset-failed %s; systemctl start --no-block %s" % (CONTAIN_LEDGER, unit, unit),
+                check=True)
+        deadline = time.time() + 30
+        while len({r["pid"] for r in _contain_ledger(lab, node)}) < 3:
+            assert time.time() < deadline, lab.ssh(node, "systemctl status %s; journalctl -u %s -n 20 --no-pager"
+                                                   % (unit, unit)).stdout
+            time.sleep(0.2)
+        pids = {r["pid"] for r in _contain_ledger(lab, node)}
+        assert _alive(lab, node, pids) == pids
+        runner = int(lab.ssh(node, "systemctl show -p MainPID --value %s" % unit, check=True).stdout)
+        victims = [runner]
+        if killed == "runner and guard":
+            victims += [int(p) for p in lab.ssh(node, "pgrep -P %d" % runner, check=True).stdout.split()]
+            assert len(victims) == 2, victims  # the runner's one child is the guard
+        lab.ssh(node, "kill -KILL %s" % " ".join(map(str, victims)), check=True)
+        deadline = time.time() + 15
+        while _alive(lab, node, pids):
+            assert time.time() < deadline, "still running after %s was SIGKILLed: %s" % (killed, _alive(lab, node, pids))
+            time.sleep(0.2)
+        gone_at = time.time()
+        settled = _contain_ledger(lab, node)
+        # Not a synchronisation: a window of 15 beats of a 20 ms writer, in
+        # which a writer the pid check missed would have added lines.
+        time.sleep(0.3)
+        assert _contain_ledger(lab, node) == settled
+        assert {r["pid"] for r in settled} == pids
+        assert max(r["t"] for r in settled) < gone_at
+        assert lab.ssh(node, "systemctl is-active %s" % unit).stdout.strip() in ("failed", "inactive")
+    finally:
+        jobs(lab, [{"name": "contain", "state": "absent"}])
+        lab.ssh(node, "systemctl reset-failed %s; rm -rf %s" % (unit, CONTAIN_DIR))
+
+
 def ledger(lab, since):
     """Every node's LEDGER lines (ledger_job.py) from its journal since SINCE."""
     runs = []
