@@ -168,10 +168,9 @@ def test_a_killed_runner_leaves_nothing_of_its_job_under_its_unit(lab, provision
     outside the job's first process would run on)."""
     provisioned("redis")
     node = lab.group("dlock_nodes")[0]
-    for n in lab.group("dlock_nodes"):
-        lab.ssh(n, "install -m 0644 /dev/stdin /usr/local/lib/dlock-lab-jobfixture.py && install -d -m 0755 %s"
-                % CONTAIN_DIR, check=True, input=open(os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                                                                  "integration", "jobfixture.py")).read())
+    fixture = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration", "jobfixture.py")
+    lab.ssh(node, "install -m 0644 /dev/stdin /usr/local/lib/dlock-lab-jobfixture.py && install -d -m 0755 %s"
+            % CONTAIN_DIR, check=True, input=open(fixture).read())
     job = {"name": "contain", "command": ["/bin/sh", "-c", CONTAIN_SCRIPT], "schedule": "yearly",
            # A key of its own each time: the SIGKILLed run's lease lives on for its ttl.
            "key": "contain-%d" % (time.time() * 1000), "ttl": "30s", "read_write_paths": [CONTAIN_DIR]}
