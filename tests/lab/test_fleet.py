@@ -169,8 +169,9 @@ def test_a_killed_runner_leaves_nothing_of_its_job_under_its_unit(lab, provision
     provisioned("redis")
     node = lab.group("dlock_nodes")[0]
     fixture = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration", "jobfixture.py")
-    lab.ssh(node, "install -m 0644 /dev/stdin /usr/local/lib/dlock-lab-jobfixture.py && install -d -m 0755 %s"
-            % CONTAIN_DIR, check=True, input=open(fixture).read())
+    for each in lab.group("dlock_nodes"):  # the job (and its ReadWritePaths) goes to every node
+        lab.ssh(each, "install -m 0644 /dev/stdin /usr/local/lib/dlock-lab-jobfixture.py && install -d -m 0755 %s"
+                % CONTAIN_DIR, check=True, input=open(fixture).read())
     job = {"name": "contain", "command": ["/bin/sh", "-c", CONTAIN_SCRIPT], "schedule": "yearly",
            # A key of its own each time: the SIGKILLed run's lease lives on for its ttl.
            "key": "contain-%d" % (time.time() * 1000), "ttl": "30s", "read_write_paths": [CONTAIN_DIR]}
@@ -207,7 +208,8 @@ def test_a_killed_runner_leaves_nothing_of_its_job_under_its_unit(lab, provision
         assert lab.ssh(node, "systemctl is-active %s" % unit).stdout.strip() in ("failed", "inactive")
     finally:
         jobs(lab, [{"name": "contain", "state": "absent"}])
-        lab.ssh(node, "systemctl reset-failed %s; rm -rf %s" % (unit, CONTAIN_DIR))
+        for each in lab.group("dlock_nodes"):
+            lab.ssh(each, "systemctl reset-failed %s; rm -rf %s" % (unit, CONTAIN_DIR))
 
 
 def ledger(lab, since):
