@@ -164,8 +164,8 @@ def test_a_killed_runner_leaves_nothing_of_its_job_under_its_unit(lab, provision
     main process): the guard, and systemd as the unit stops, end the job's
     whole tree, setsid and double fork included. SIGKILL of the runner and
     its guard at once: nothing of ours is left to do it, and the unit's
-    KillMode=control-group must (with KillMode=process the two writers
-    outside the job's first process would run on)."""
+    KillMode=control-group must (with KillMode=process all three writers
+    ran on: checked)."""
     provisioned("redis")
     node = lab.group("dlock_nodes")[0]
     fixture = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration", "jobfixture.py")
