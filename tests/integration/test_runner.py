@@ -226,6 +226,28 @@ def test_exit_status_environment_and_release(redis_server, unique_key, tmp_path)
     assert missing.returncode == 127 and "cannot start" in last_log(missing.stderr)["error"]
 
 
+def test_the_command_is_found_on_path_as_execvp_finds_it(tmp_path, unique_key):
+    """The job's command is searched on its PATH in order: a file there that
+    cannot be run is passed over for a later one that can, and is named
+    (Permission denied, exit 127) when no later one exists."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / "job").write_text("#!/bin/sh\nexit 5\n")  # mode 0644: cannot be run
+    (second / "job").write_text("#!/bin/sh\nexit 6\n")
+    (second / "job").chmod(0o755)
+    url = "file://%s" % (tmp_path / "locks")
+    path = "%s:%s:/usr/bin:/bin" % (first, second)
+    found = run_dlock(*_args(url, unique_key, "--", "job"), env={"PATH": path})
+    assert found.returncode == 6, found.stderr
+    (second / "job").unlink()
+    refused = run_dlock(*_args(url, unique_key, "--", "job"), env={"PATH": path})
+    assert refused.returncode == 127
+    assert last_log(refused.stderr)["error"] == "cannot start 'job': Permission denied"
+    missing = run_dlock(*_args(url, unique_key, "--", "no-such-job"), env={"PATH": path})
+    assert last_log(missing.stderr)["error"] == "cannot start 'no-such-job': No such file or directory"
+
+
 def test_sigterm_is_forwarded_and_lock_released(redis_server, unique_key, tmp_path):
     marker = str(tmp_path / "term")
     proc = start_dlock(*_args(redis_server.url, unique_key, "--", *JOB, "trap", marker))
