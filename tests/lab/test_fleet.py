@@ -158,58 +158,72 @@ def _alive(lab, node, pids):
     return {int(p) for p in out.split()}
 
 
-@pytest.mark.parametrize("killed", ["runner", "runner and guard"])
-def test_a_killed_runner_leaves_nothing_of_its_job_under_its_unit(lab, provisioned, killed):
-    """Containment under a dlock_jobs unit. SIGKILL of the runner (the unit's
-    main process): the guard, and systemd as the unit stops, end the job's
-    whole tree, setsid and double fork included. SIGKILL of the runner and
-    its guard at once: nothing of ours is left to do it, and the unit's
-    KillMode=control-group must (with KillMode=process all three writers
-    ran on: checked)."""
+@pytest.fixture(scope="class")
+def contain_job(lab, provisioned):
+    """The containment job, rolled out once for both cases of the class below
+    and removed after them (the jobs role, on the fleet site.yml rolled out
+    with Redis): (node, unit)."""
     provisioned("redis")
-    node = lab.group("dlock_nodes")[0]
     fixture = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration", "jobfixture.py")
     for each in lab.group("dlock_nodes"):  # the job (and its ReadWritePaths) goes to every node
         lab.ssh(each, "install -m 0644 /dev/stdin /usr/local/lib/dlock-lab-jobfixture.py && install -d -m 0755 %s"
                 % CONTAIN_DIR, check=True, input=open(fixture).read())
     job = {"name": "contain", "command": ["/bin/sh", "-c", CONTAIN_SCRIPT], "schedule": "yearly",
-           # A key of its own each time: the SIGKILLed run's lease lives on for its ttl.
+           # A key of its own: a lease left by an earlier run of this test would refuse the first case.
            "key": "contain-%d" % (time.time() * 1000), "ttl": "30s", "read_write_paths": [CONTAIN_DIR]}
     jobs(lab, [job])
-    unit = "dlock-contain.service"
     try:
-        lab.ssh(node, "rm -f %s; systemctl reset-failed %s; systemctl start --no-block %s" % (CONTAIN_LEDGER, unit, unit),
-                check=True)
-        deadline = time.time() + 30
-        while len({r["pid"] for r in _contain_ledger(lab, node)}) < 3:
-            assert time.time() < deadline, lab.ssh(node, "systemctl status %s; journalctl -u %s -n 20 --no-pager"
-                                                   % (unit, unit)).stdout
-            time.sleep(0.2)
-        pids = {r["pid"] for r in _contain_ledger(lab, node)}
-        assert _alive(lab, node, pids) == pids
-        runner = int(lab.ssh(node, "systemctl show -p MainPID --value %s" % unit, check=True).stdout)
-        victims = [runner]
-        if killed == "runner and guard":
-            victims += [int(p) for p in lab.ssh(node, "pgrep -P %d" % runner, check=True).stdout.split()]
-            assert len(victims) == 2, victims  # the runner's one child is the guard
-        lab.ssh(node, "kill -KILL %s" % " ".join(map(str, victims)), check=True)
-        deadline = time.time() + 15
-        while _alive(lab, node, pids):
-            assert time.time() < deadline, "still running after %s was SIGKILLed: %s" % (killed, _alive(lab, node, pids))
-            time.sleep(0.2)
-        gone_at = time.time()
-        settled = _contain_ledger(lab, node)
-        # Not a synchronisation: a window of 15 beats of a 20 ms writer, in
-        # which a writer the pid check missed would have added lines.
-        time.sleep(0.3)
-        assert _contain_ledger(lab, node) == settled
-        assert {r["pid"] for r in settled} == pids
-        assert max(r["t"] for r in settled) < gone_at
-        assert lab.ssh(node, "systemctl is-active %s" % unit).stdout.strip() in ("failed", "inactive")
+        yield lab.group("dlock_nodes")[0], "dlock-contain.service"
     finally:
         jobs(lab, [{"name": "contain", "state": "absent"}])
         for each in lab.group("dlock_nodes"):
-            lab.ssh(each, "systemctl reset-failed %s; rm -rf %s" % (unit, CONTAIN_DIR))
+            lab.ssh(each, "systemctl reset-failed dlock-contain.service; rm -rf %s" % CONTAIN_DIR)
+
+
+class TestContainmentUnderAUnit(object):
+    """Both cases share one rollout of the job."""
+
+    @pytest.mark.parametrize("killed", ["runner", "runner and guard"])
+    def test_a_killed_runner_leaves_nothing_of_its_job_under_its_unit(self, lab, contain_job, killed):
+        """Containment under a dlock_jobs unit. SIGKILL of the runner (the unit's
+        main process): the guard, and systemd as the unit stops, end the job's
+        whole tree, setsid and double fork included. SIGKILL of the runner and
+        its guard at once: nothing of ours is left to do it, and the unit's
+        KillMode=control-group must (with KillMode=process all three writers
+        ran on: checked)."""
+        node, unit = contain_job
+        try:
+            lab.ssh(node, "rm -f %s; systemctl reset-failed %s; systemctl start --no-block %s" % (CONTAIN_LEDGER, unit, unit),
+                    check=True)
+            deadline = time.time() + 30
+            while len({r["pid"] for r in _contain_ledger(lab, node)}) < 3:
+                assert time.time() < deadline, lab.ssh(node, "systemctl status %s; journalctl -u %s -n 20 --no-pager"
+                                                       % (unit, unit)).stdout
+                time.sleep(0.2)
+            pids = {r["pid"] for r in _contain_ledger(lab, node)}
+            assert _alive(lab, node, pids) == pids
+            runner = int(lab.ssh(node, "systemctl show -p MainPID --value %s" % unit, check=True).stdout)
+            victims = [runner]
+            if killed == "runner and guard":
+                victims += [int(p) for p in lab.ssh(node, "pgrep -P %d" % runner, check=True).stdout.split()]
+                assert len(victims) == 2, victims  # the runner's one child is the guard
+            lab.ssh(node, "kill -KILL %s" % " ".join(map(str, victims)), check=True)
+            deadline = time.time() + 15
+            while _alive(lab, node, pids):
+                assert time.time() < deadline, "still running after %s was SIGKILLed: %s" % (killed, _alive(lab, node, pids))
+                time.sleep(0.2)
+            gone_at = time.time()
+            settled = _contain_ledger(lab, node)
+            # Not a synchronisation: a window of 15 beats of a 20 ms writer, in
+            # which a writer the pid check missed would have added lines.
+            time.sleep(0.3)
+            assert _contain_ledger(lab, node) == settled
+            assert {r["pid"] for r in settled} == pids
+            assert max(r["t"] for r in settled) < gone_at
+            assert lab.ssh(node, "systemctl is-active %s" % unit).stdout.strip() in ("failed", "inactive")
+        finally:
+            # The killed runner's lease lives on for its ttl: break it for the next case.
+            lab.ssh(node, "dlock release --job contain --force --reason 'containment test'")
 
 
 def ledger(lab, since):
