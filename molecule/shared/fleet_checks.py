@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -114,21 +115,47 @@ def test_chrony_container_mode_never_adjusts_the_clock(host):
 
 
 def test_runner_commands_work_with_the_backend(host):
-    run = host.run("dlock run --job %s", JOB)
-    assert run.rc in (0, 73, 74), run.stderr  # ran, or another node holds it / ran this slot
+    # The job's timer may start a run on any node at any moment: waiting for
+    # the lock (not skipping) means that run has ended, and recorded its
+    # result, before ours is granted. 74: it already ran this slot.
+    run = host.run("dlock run --job %s --on-contention wait --wait-timeout 2m", JOB)
+    assert run.rc in (0, 74), run.stderr
     status = host.run("dlock status --job %s --json", JOB)
     assert status.rc == 0, status.stderr
     row = json.loads(status.stdout)[0]
-    assert row["key"] == JOB and row["fence"] >= 1 and row["last"]["result"] == "success"
+    assert row["key"] == JOB and row["fence"] >= 1 and row["last"]["result"] == "success", row
     clock = host.run("dlock check-clock --json")
     assert clock.rc == 0, clock.stdout + clock.stderr
     report = json.loads(clock.stdout)
     assert report["safe"] and report["chrony"]["synchronised"], report
 
 
-def test_force_release_works(host):
-    out = host.run("dlock release --job %s --force --reason 'molecule verify'", JOB)
-    assert out.rc == 0 and out.stdout.startswith("released %s" % JOB), out.stdout + out.stderr
+def _wait_for(predicate, attempts=60):
+    """Poll a condition every half second, at most attempts times."""
+    for _attempt in range(attempts):
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return predicate()
+
+
+def test_force_release_ends_the_holders_run(host):
+    """A held key of its own (not the job's: a force release of a scheduled run
+    would cost that slot its recorded result): released by force, its holder
+    sees the loss at its next renewal, kills its job and exits 76."""
+    key, unit = "molecule-force-%s" % host.backend.get_hostname(), "dlock-force-hold"
+    started = host.run("systemd-run --unit %s dlock run --job molecule-force --key %s --ttl 6s -- sleep 300",
+                       unit, key)
+    assert started.rc == 0, started.stderr
+    try:
+        assert _wait_for(lambda: '"held": true' in host.run("dlock status --key %s --json", key).stdout)
+        out = host.run("dlock release --key %s --force --reason 'molecule verify'", key)
+        assert out.rc == 0 and out.stdout.startswith("released %s" % key), out.stdout + out.stderr
+        assert _wait_for(lambda: host.run("systemctl is-active %s", unit).stdout.strip() != "active")
+        status = host.check_output("systemctl show -P ExecMainStatus %s", unit)
+        assert status == "76", (status, host.run("journalctl -u %s --no-pager -n 20", unit).stdout)
+    finally:
+        host.run("systemctl stop %s; systemctl reset-failed %s", unit, unit)
 
 
 def _scrape(host):

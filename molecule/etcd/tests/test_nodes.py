@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
     JOB,
     secret,
-    test_force_release_works,
+    test_force_release_ends_the_holders_run,
     test_job_unit_exposure,
     test_password_is_in_use,
     test_runner_commands_work_with_the_backend,

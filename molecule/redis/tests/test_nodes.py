@@ -12,7 +12,7 @@ from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
     backend_name,
     secret,
     ssh_with_stdin,
-    test_force_release_works,
+    test_force_release_ends_the_holders_run,
     test_job_unit_exposure,
     test_password_is_in_use,
     test_runner_commands_work_with_the_backend,
