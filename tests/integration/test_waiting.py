@@ -11,7 +11,7 @@ import pytest
 
 import servers
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import waiting
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend, pg_common
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import LockOptions
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.runner import acquire as runner_acquire
 
@@ -249,3 +249,29 @@ def test_waiting_through_pgbouncer_in_transaction_mode(pgbouncer, unique_key):
     finally:
         for backend in [holder] + waiters:
             backend.close()
+
+
+def test_postgresql_lean_grant_reads_the_line_from_the_lease_row(pg_server, unique_key):
+    """The grant a runner sends first (UPSERT_LEASE_NO_LINE) reads the line
+    from the lease row's line_until, which every join moves to its ticket's
+    expiry (the same value): it refuses while a ticket may be live, even after
+    the ticket's owner left, and grants itself once the last expiry passed."""
+    waiter = open_backend(pg_server.url())
+    params = {"key": unique_key, "owner": "late", "ttl_ms": 30000, "session": False}
+    line = "SELECT l.line_until, (SELECT max(expires_at) FROM dlock_wait w WHERE w.key = l.key) " \
+           "FROM dlock_lease l WHERE l.key = %s"
+    try:
+        waiter.join_queue(unique_key, "w", 1.0)
+        waiter.leave_queue(unique_key, "w")
+        waiter.join_queue(unique_key, "w", 1.5)  # a new ticket: later than the first
+        with pg_server.connect() as conn:
+            line_until, ticket_expiry = conn.execute(line, (unique_key,)).fetchone()
+            assert line_until == ticket_expiry
+            assert waiter.query(unique_key).fence is None  # the row a join made: no grant yet
+            waiter.leave_queue(unique_key, "w")
+            assert conn.execute(pg_common.UPSERT_LEASE_NO_LINE, params).fetchone() is None
+            # The server's own clock, up to the line's end (an expiry is a moment: nothing to be told of).
+            conn.execute("SELECT pg_sleep(extract(epoch FROM %s - clock_timestamp())::float8)", (line_until,))
+            assert conn.execute(pg_common.UPSERT_LEASE_NO_LINE, params).fetchone() == (1,)
+    finally:
+        waiter.close()

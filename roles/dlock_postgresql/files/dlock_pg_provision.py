@@ -4,8 +4,9 @@ the local socket); the spec comes as JSON on stdin, so the password is never
 on a command line or in the environment.
 
 Spec: {"database", "role", "password", "connection_limit", "host" (socket
-dir), "port", "schema": [CREATE TABLE statements], "grants": {table:
-[privileges]}, "check": bool}.
+dir), "port", "schema": [CREATE TABLE statements], "upgrades": [ALTER
+TABLE ... ADD COLUMN IF NOT EXISTS statements, for tables made by an earlier
+version], "grants": {table: [privileges]}, "check": bool}.
 Prints {"changed": bool, "actions": [...]} (never the password) and exits 0,
 or prints {"failed": true, "msg": ...} and exits 1.
 
@@ -134,6 +135,7 @@ class Provisioner(object):
                 if self.check:
                     self.actions.append("grant %s on %s to %s" % (", ".join(self.spec["grants"][table]), table, role))
                     continue
+            self.upgrade(conn, table)
             for privilege in TABLE_PRIVILEGES:
                 want = privilege in self.spec["grants"][table]
                 have = conn.execute("SELECT has_table_privilege(%s, %s, %s)",
@@ -144,6 +146,18 @@ class Provisioner(object):
                             sql.SQL("{} " + privilege + " ON TABLE public.{} {} {}").format(
                                 sql.SQL("GRANT" if want else "REVOKE"), sql.Identifier(table),
                                 sql.SQL("TO" if want else "FROM"), sql.Identifier(role)))
+
+    def upgrade(self, conn, table):
+        """The columns added since a table was first made (the engine's
+        SCHEMA_UPGRADES: "ALTER TABLE t ADD COLUMN IF NOT EXISTS c type")."""
+        for statement in self.spec.get("upgrades", ()):
+            target, column = re.match(r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) ", statement).groups()
+            if target != table:
+                continue
+            exists = conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = 'public' "
+                                  "AND table_name = %s AND column_name = %s", (table, column)).fetchone()
+            if exists is None:
+                self.do(conn, "add column %s to %s" % (column, table), statement)
 
     def run(self):
         with psycopg.connect(dbname="postgres", autocommit=True, **self.where) as conn:

@@ -35,7 +35,8 @@ SCHEMA = (
         fence bigint NOT NULL DEFAULT 0,
         acquired_at timestamptz,
         expires_at timestamptz,
-        last_run jsonb
+        last_run jsonb,
+        line_until timestamptz
     )""",
     """CREATE TABLE IF NOT EXISTS dlock_slot (
         key text NOT NULL,
@@ -64,20 +65,27 @@ SELECT 1 FROM dlock_wait w
 """
 
 # Take the last place (a new ticket, or ours after it expired) or keep ours;
-# drop the key's expired tickets. The answer says whether this session
+# drop the key's expired tickets; the key's lease row (made here if the key
+# was never granted: no owner, fence 0) gets the ticket's expiry as its
+# line_until if that is later, in the same statement, from the same value.
+# Leaving the line never lowers line_until: only time does (lowered from a
+# snapshot, it could miss a ticket that joined meanwhile). The answer says whether this session
 # still listens (LISTEN was sent before, in a transaction of its own). Through
 # PgBouncer in transaction mode a LISTEN stays on a pooled server session and
 # its notifications do not reach us; when this shows it (another session ran
 # this statement) we stop sending LISTENs. Waiting never depends on them: the
 # waiter looks again at least every waiting.TICKET_REFRESH.
 JOIN_QUEUE = """
-WITH purged AS (DELETE FROM dlock_wait WHERE key = %(key)s AND expires_at <= clock_timestamp() AND owner <> %(owner)s)
-INSERT INTO dlock_wait AS w (key, owner, arrived, expires_at)
-VALUES (%(key)s, %(owner)s, clock_timestamp(), clock_timestamp() + %(ttl_ms)s * interval '1 millisecond')
-ON CONFLICT (key, owner) DO UPDATE
-   SET expires_at = excluded.expires_at,
-       arrived = CASE WHEN w.expires_at > clock_timestamp() THEN w.arrived ELSE excluded.arrived END
-RETURNING 'dlock' = ANY(ARRAY(SELECT pg_listening_channels()))
+WITH purged AS (DELETE FROM dlock_wait WHERE key = %(key)s AND expires_at <= clock_timestamp() AND owner <> %(owner)s),
+     ticket AS (INSERT INTO dlock_wait AS w (key, owner, arrived, expires_at)
+                VALUES (%(key)s, %(owner)s, clock_timestamp(), clock_timestamp() + %(ttl_ms)s * interval '1 millisecond')
+                ON CONFLICT (key, owner) DO UPDATE
+                   SET expires_at = excluded.expires_at,
+                       arrived = CASE WHEN w.expires_at > clock_timestamp() THEN w.arrived ELSE excluded.arrived END
+                RETURNING expires_at),
+     line AS (INSERT INTO dlock_lease AS l (key, line_until) SELECT %(key)s, expires_at FROM ticket
+              ON CONFLICT (key) DO UPDATE SET line_until = GREATEST(l.line_until, excluded.line_until))
+SELECT 'dlock' = ANY(ARRAY(SELECT pg_listening_channels())) FROM ticket
 """
 
 # Wake the first live waiter in line (channel 'dlock', payload "KEY OWNER":
@@ -98,6 +106,16 @@ SELECT """ + NOTIFY_FIRST + """
 """
 
 TABLES = ("dlock_lease", "dlock_slot", "dlock_wait")
+
+# Columns added since the tables were first released: brought to tables made
+# by an earlier version, by the dlock_postgresql role (which owns them) or,
+# where the runners' role owns the tables, by the engine when a statement
+# finds the column missing. Each is "ALTER TABLE t ADD COLUMN IF NOT EXISTS c type".
+#   line_until: until when a ticket in the key's line may still be live (the
+#   latest expiry a join gave one); a grant reads the line from its own row.
+SCHEMA_UPGRADES = (
+    """ALTER TABLE dlock_lease ADD COLUMN IF NOT EXISTS line_until timestamptz""",
+)
 
 # "Now" is clock_timestamp(), never now(): now() is the transaction's start,
 # which lags real time by every wait inside the transaction (a row lock, a
@@ -126,21 +144,24 @@ ON CONFLICT (key) DO UPDATE
 RETURNING fence
 """
 
-# The same grant for a key that has nobody in line at all (no ticket, live or
-# expired: the common case), the one statement a runner that finds the lock
-# free sends. Without the line's arithmetic PostgreSQL parses and plans it in
-# half the time of UPSERT_LEASE (the whole statement costs about a round trip
-# less); it grants only where UPSERT_LEASE would grant, and refuses whenever
-# a ticket exists: then PgLeaseBackend.acquire asks again with UPSERT_LEASE.
-# A lease row (ttl, no session holder) only: the advisory backend uses UPSERT_LEASE.
+# The same grant for a key that has nobody in line (the common case), the
+# one statement a runner that finds the lock free sends. It reads the line
+# from the lease row itself (line_until: no ticket can be live after it),
+# with no subquery on dlock_wait: PostgreSQL parses and plans it in half the
+# time of UPSERT_LEASE. It grants only where UPSERT_LEASE would, and refuses
+# while a ticket may be live: then PgLeaseBackend asks again with
+# UPSERT_LEASE. A key without a row has no line (a join makes the row). A join
+# and this grant serialise on the row's lock, and the grant's WHERE is judged
+# on the row as the join left it. A lease row (ttl, no session holder) only:
+# the advisory backend uses UPSERT_LEASE.
 UPSERT_LEASE_NO_LINE = """
 INSERT INTO dlock_lease AS l (key, owner, fence, acquired_at, expires_at)
-SELECT %(key)s, %(owner)s, 1, clock_timestamp(), clock_timestamp() + %(ttl_ms)s * interval '1 millisecond'
- WHERE NOT EXISTS (SELECT FROM dlock_wait WHERE key = %(key)s)
+VALUES (%(key)s, %(owner)s, 1, clock_timestamp(), clock_timestamp() + %(ttl_ms)s * interval '1 millisecond')
 ON CONFLICT (key) DO UPDATE
    SET owner = excluded.owner, fence = l.fence + 1,
        acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
- WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+ WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp())
+   AND (l.line_until IS NULL OR l.line_until <= clock_timestamp())
 RETURNING fence
 """
 
@@ -166,6 +187,12 @@ SELECT owner, fence, extract(epoch FROM acquired_at)::float8,
   FROM dlock_lease WHERE key = %s
 """
 
+# Each release answers whether it freed the lock while someone may be in
+# line (line_until, as the grant reads it). Only then is WAKE_FIRST sent, in
+# the same transaction (a notification goes out at commit); a release with
+# nobody in line costs one statement. A wake-up is never a grant: if the lock
+# is taken between the two statements, the woken waiter is refused and waits on.
+#
 # Keep the lease until acquired_at + min_hold but never extend it; record the run.
 RELEASE = """
 UPDATE dlock_lease
@@ -175,26 +202,26 @@ UPDATE dlock_lease
                          AND (expires_at IS NULL OR expires_at > clock_timestamp()) THEN owner END,
        last_run = COALESCE(%(last)s::jsonb, last_run)
  WHERE key = %(key)s AND owner = %(owner)s
-RETURNING owner IS NULL
+RETURNING owner IS NULL AND line_until > clock_timestamp()
 """
 
-# RELEASE without a min_hold (the common case): free at once. The same
-# answer with less to parse (RELEASE would keep the owner only if the
-# server's clock had stepped back since the grant, to before acquired_at).
+# RELEASE without a min_hold (the common case): free at once, with less to
+# parse. The same answer: RELEASE would keep the owner only if the server's
+# clock had stepped back since the grant, to before acquired_at. The row's
+# expires_at becomes the release's time even if the lease had expired before
+# (no grant or answer reads expires_at of a row without an owner).
 RELEASE_AT_ONCE = """
-UPDATE dlock_lease
-   SET expires_at = LEAST(COALESCE(expires_at, 'infinity'), clock_timestamp()), owner = NULL,
-       last_run = COALESCE(%(last)s::jsonb, last_run)
+UPDATE dlock_lease SET expires_at = clock_timestamp(), owner = NULL
  WHERE key = %(key)s AND owner = %(owner)s
-RETURNING owner IS NULL
+RETURNING line_until > clock_timestamp()
+"""
+# The same, recording the run.
+RELEASE_AT_ONCE_LAST = """
+UPDATE dlock_lease SET expires_at = clock_timestamp(), owner = NULL, last_run = %(last)s::jsonb
+ WHERE key = %(key)s AND owner = %(owner)s
+RETURNING line_until > clock_timestamp()
 """
 
-# Added to a release's RETURNING: whether it freed the lock while someone is
-# in line. Only then is WAKE_FIRST sent, in the same transaction (a
-# notification goes out at commit); a release with nobody in line costs one
-# statement, without the line's sort. A wake-up is never a grant: if the lock
-# is taken between the two statements, the woken waiter is refused and waits on.
-WAITERS_TO_WAKE = ", owner IS NULL AND EXISTS (SELECT FROM dlock_wait WHERE key = %(key)s)"
 WAKE_FIRST = "SELECT " + NOTIFY_FIRST
 
 # The primary's synchronous replication, as far as the runners' role may see
@@ -277,7 +304,7 @@ class PgBackend(Backend):
         self.op_timeout = op_timeout
         self.ca_file = ca_file
         self._conn = None
-        self._schema_ready = False
+        self._schema_ready = self._upgraded = False
         # (severity, message, detail) of the notices of the current operation
         self._notices = []
         self._watchdog = Watchdog("dlock-pg-cancel")
@@ -363,19 +390,29 @@ class PgBackend(Backend):
             self._conn = self._connect()
         return self._conn
 
-    def _ensure_schema(self, conn):
+    def _ensure_schema(self, conn, upgrade=False):
+        """Create the lease tables where one is missing; upgrade: bring the
+        existing ones up to date (SCHEMA_UPGRADES), a statement having found a
+        column missing. Both need the tables' owner rights; a least-privilege
+        role gets a message naming the role that does it."""
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest(%s::text[]) AS t", (list(TABLES),))
-                if not cur.fetchone()[0]:
-                    for statement in SCHEMA:
-                        try:
-                            cur.execute(statement)
-                        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject):
-                            pass  # created concurrently by another runner
+                if upgrade:
+                    statements = SCHEMA_UPGRADES
+                else:
+                    cur.execute("SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest(%s::text[]) AS t",
+                                (list(TABLES),))
+                    statements = () if cur.fetchone()[0] else SCHEMA + SCHEMA_UPGRADES
+                for statement in statements:
+                    try:
+                        cur.execute(statement)
+                    except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject,
+                            psycopg.errors.DuplicateColumn):
+                        pass  # created concurrently by another runner
         except psycopg.Error as exc:
-            raise BackendError("postgresql: cannot create the lease tables (%s); "
-                               "create them with the dlock_postgresql role" % str(exc).strip())
+            raise BackendError("postgresql: cannot %s the lease tables (%s); %s them with the dlock_postgresql role"
+                               % ("bring up to date" if upgrade else "create", str(exc).strip(),
+                                  "upgrade" if upgrade else "create"))
         self._schema_ready = True
 
     def _on_notice(self, diag):
@@ -423,6 +460,13 @@ class PgBackend(Backend):
                 if self._schema_ready:
                     raise
                 self._ensure_schema(conn)
+                return fn(conn)
+            except psycopg.errors.UndefinedColumn:
+                # Tables made by an earlier version: the same, once per backend.
+                if self._upgraded:
+                    raise
+                self._upgraded = True
+                self._ensure_schema(conn, upgrade=True)
                 return fn(conn)
         finally:
             fired = self._watchdog.disarm()
@@ -531,7 +575,8 @@ class PgBackend(Backend):
             now = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
             return Holder(key, server_time=now)
         owner, fence, acquired_at, ttl_left, last, now, live = row
-        return Holder(key, owner=owner if live else None, fence=fence, acquired_at=acquired_at,
+        # fence 0: a row a waiter's ticket made before any grant (no fence was ever given).
+        return Holder(key, owner=owner if live else None, fence=fence or None, acquired_at=acquired_at,
                       ttl_remaining=max(0.0, ttl_left) if (ttl_left is not None and live and owner) else None,
                       last=last, server_time=now)
 
@@ -573,9 +618,9 @@ class PgBackend(Backend):
         min_hold_ms = lease_ms(min_hold, "min_hold", 0.0)
         params = {"key": key, "owner": owner, "min_hold_ms": min_hold_ms,
                   "last": json.dumps(last, sort_keys=True) if last else None}
-        row = conn.execute((RELEASE if min_hold_ms else RELEASE_AT_ONCE) + (WAITERS_TO_WAKE if notify else ""),
-                           params).fetchone()
-        if row is not None and notify and row[1]:
+        statement = RELEASE if min_hold_ms else RELEASE_AT_ONCE_LAST if last else RELEASE_AT_ONCE
+        row = conn.execute(statement, params).fetchone()
+        if row is not None and notify and row[0]:
             conn.execute(WAKE_FIRST, params)
         return row is not None
 

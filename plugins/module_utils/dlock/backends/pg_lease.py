@@ -31,7 +31,9 @@ class PgLeaseBackend(PgBackend):
                 with conn.transaction():
                     if not self._claim_slot(conn, key, owner, slot):
                         raise Refused("duplicate")
-                    fence = self._upsert(conn, key, owner, lease_ms(ttl))
+                    # The lean grant first (nobody in line), then the line's.
+                    fence = (self._upsert(conn, key, owner, lease_ms(ttl), UPSERT_LEASE_NO_LINE)
+                             or self._upsert(conn, key, owner, lease_ms(ttl)))
                     if fence is None:
                         raise Refused("locked")
             except Refused as refused:
