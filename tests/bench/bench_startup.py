@@ -85,8 +85,15 @@ def driver_versions(python):
     return {"python": out[0], "redis": out[1], "psycopg": out[2], "psycopg_impl": out[3]}
 
 
+# FLOOR: what no file:// runner can go below: the interpreter started as the
+# wrapper starts it (-s), the standard modules the runner cannot do without
+# (json for its state and log line, which brings re; signal, which brings
+# enum; select, fcntl for the flock) and one spawn of the job, waited for.
+FLOOR = "python -s: runner's stdlib + spawn true (floor)"
 BASELINES = (("python -I -c pass", ["-I", "-c", "pass"]), ("python -c 'import redis'", ["-c", "import redis"]),
-             ("python -c 'import psycopg'", ["-c", "import psycopg"]))
+             ("python -c 'import psycopg'", ["-c", "import psycopg"]),
+             (FLOOR, ["-s", "-c", "import json, signal, select, fcntl, os; "
+                                  "os.waitpid(os.posix_spawnp('true', ['true'], os.environ), 0)"]))
 
 
 def runs(label, wrapper, urls):
@@ -165,6 +172,9 @@ def main():
                     section["ratios"]["%s / %s" % (name, base)] = {"ratio": round(medians[name] / medians[base], 3),
                                                                    "target": target}
             trips = section["%sround_trip_postgresql" % label]
+            if not label:
+                section["ratios"]["%s / python -I -c pass" % FLOOR] = {
+                    "ratio": round(medians[FLOOR] / medians["python -I -c pass"], 3), "target": 2.0}
             section["ratios"]["%sacquire+release / hand-written pair" % label] = {
                 "ratio": round(trips["dlock acquire+release"] / trips["psycopg upsert + update"], 3), "target": 1.15}
         print("%s (%s)" % (python, ", ".join("%s %s" % kv for kv in sorted(section["versions"].items()))))

@@ -8,7 +8,9 @@ interleaved in one run (A B C A B C ...), so machine noise hits them alike:
   sleep 0.05` on the same etcd), for a few seconds per turn: grants per
   second, and the longest wait (a process's wall time less the job and the
   median uncontended start-up of the same command) against 8 x (job +
-  start-up);
+  start-up); and the CPU time each grant cost (the processes' user and
+  system time, jobs included), with the rate the machine's cores could at
+  most give at that cost;
 - threads: W threads of one process taking and releasing one key through
   the engine's acquire (the runner's), G grants in all: grants per thread;
 - takeover: a waiting `dlock run` already in line; the holder (another
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -114,8 +117,17 @@ def dlock_run(url, key, *extra):
         + list(extra)
 
 
+def children_cpu():
+    """CPU seconds (user + system) of this process's waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def contention_turn(argv, env, waiters, seconds):
-    """Each waiter starts one process per grant until `seconds` are up: wall times of every process."""
+    """Each waiter starts one process per grant until `seconds` are up: wall
+    times of every process, the turn's length, failures, and the CPU time
+    the turn's processes used (their whole process trees: jobs included)."""
+    cpu = children_cpu()
     end = time.monotonic() + seconds
     walls, failures = [[] for _n in range(waiters)], []
 
@@ -133,7 +145,7 @@ def contention_turn(argv, env, waiters, seconds):
         thread.start()
     for thread in threads:
         thread.join()
-    return walls, time.monotonic() - started, failures
+    return walls, time.monotonic() - started, failures, children_cpu() - cpu
 
 
 def startup(argv, env, rounds=5):
@@ -148,12 +160,13 @@ def startup(argv, env, rounds=5):
 
 def contention(contenders, waiters, seconds, rounds):
     """contenders: name -> (argv with the job, argv with `true`, env). Interleaved turns."""
-    results = dict((name, {"walls": [[] for _n in range(waiters)], "seconds": 0.0, "failures": 0, "startup": []})
-                   for name in contenders)
+    results = dict((name, {"walls": [[] for _n in range(waiters)], "seconds": 0.0, "failures": 0, "startup": [],
+                           "cpu": 0.0}) for name in contenders)
     for _round in range(rounds):
         for name, (argv, alone, env) in contenders.items():
-            walls, took, failures = contention_turn(argv, env, waiters, seconds)
+            walls, took, failures, cpu = contention_turn(argv, env, waiters, seconds)
             row = results[name]
+            row["cpu"] += cpu
             for number in range(waiters):
                 row["walls"][number] += walls[number]
             row["seconds"] += took
@@ -165,7 +178,13 @@ def contention(contenders, waiters, seconds, rounds):
         start_up = statistics.median(row["startup"])
         bound = waiters * (JOB_SECONDS + start_up)
         longest_wait = max(every) - JOB_SECONDS - start_up
+        cpu_per_grant = row["cpu"] / max(1, len(every) + row["failures"])
+        # On this machine's cores, no contender that needs cpu_per_grant of
+        # CPU for each grant can serve more than this, whatever its waiting.
+        cpu_bound = (os.cpu_count() or 1) / cpu_per_grant if cpu_per_grant else None
         report[name] = {"grants_per_s": round(len(every) / row["seconds"], 2),
+                        "cpu_ms_per_grant": round(cpu_per_grant * 1000, 1),
+                        "cpu_bound_grants_per_s": round(cpu_bound, 1) if cpu_bound else None,
                         "startup_ms": round(start_up * 1000, 1),
                         "longest_wait_s": round(longest_wait, 3), "bound_s": round(bound, 3),
                         "longest_wait_to_bound": round(longest_wait / bound, 3),
