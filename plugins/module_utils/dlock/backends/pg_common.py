@@ -65,16 +65,17 @@ SELECT 1 FROM dlock_wait w
 """
 
 # Take the last place (a new ticket, or ours after it expired) or keep ours;
-# drop the key's expired tickets; the key's lease row (made here if the key
+# drop the key's expired tickets. The key's lease row (made here if the key
 # was never granted: no owner, fence 0) gets the ticket's expiry as its
 # line_until if that is later, in the same statement, from the same value.
 # Leaving the line never lowers line_until: only time does (lowered from a
-# snapshot, it could miss a ticket that joined meanwhile). The answer says whether this session
-# still listens (LISTEN was sent before, in a transaction of its own). Through
-# PgBouncer in transaction mode a LISTEN stays on a pooled server session and
-# its notifications do not reach us; when this shows it (another session ran
-# this statement) we stop sending LISTENs. Waiting never depends on them: the
-# waiter looks again at least every waiting.TICKET_REFRESH.
+# snapshot, it could miss a ticket that joined meanwhile). The answer says
+# whether this session still listens (LISTEN was sent before, in a
+# transaction of its own). Through PgBouncer in transaction mode a LISTEN
+# stays on a pooled server session and its notifications do not reach us;
+# when this shows it (another session ran this statement) we stop sending
+# LISTENs. Waiting never depends on them: the waiter looks again at least
+# every waiting.TICKET_REFRESH.
 JOIN_QUEUE = """
 WITH purged AS (DELETE FROM dlock_wait WHERE key = %(key)s AND expires_at <= clock_timestamp() AND owner <> %(owner)s),
      ticket AS (INSERT INTO dlock_wait AS w (key, owner, arrived, expires_at)
