@@ -25,6 +25,7 @@ for path in (BUILD, os.path.join(ROOT, "tests")):
         sys.path.insert(0, path)
 
 import servers  # noqa: E402  (needs the path above)
+from ansible_cli import BIN, ansible_env  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -76,6 +77,34 @@ def etcd_auth(own_etcd):
     ctl("user", "grant-role", "dlock", "dlock-locks")
     ctl("auth", "enable")
     return own_etcd
+
+
+# The dlock_postgresql role's reading of the engine's lease schema and its
+# grants, rendered by ansible-playbook from the role's own vars (role_path
+# given as the role has it): the spec its provisioning helper gets.
+PG_ROLE_SPEC = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_vars: {vars}
+    - ansible.builtin.copy:
+        content: "{{{{ {{'schema': __dlock_postgresql_schema, 'upgrades': __dlock_postgresql_schema_upgrades,
+                     'grants': __dlock_postgresql_grants}} | to_json }}}}"
+        dest: {out}
+"""
+
+
+@pytest.fixture(scope="session")
+def pg_role_spec(tmp_path_factory):
+    role = os.path.join(ROOT, "roles", "dlock_postgresql")
+    where = tmp_path_factory.mktemp("pg-role-spec")
+    playbook, out = where / "render.yml", where / "spec.json"
+    playbook.write_text(PG_ROLE_SPEC.format(vars=os.path.join(role, "vars", "main.yml"), out=out))
+    done = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", "ansible_python_interpreter=" + sys.executable, "-e", "role_path=" + role,
+                           str(playbook)], env=ansible_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")

@@ -178,12 +178,12 @@ def replication(url, password=None):
         backend.close()
 
 
-def test_postgresql_shows_the_synchronous_standby_as_far_as_the_role_may(pg_sync, tmp_path):
+def test_postgresql_shows_the_synchronous_standby_as_far_as_the_role_may(pg_sync, pg_role_spec, tmp_path):
     """As a superuser, and as the least-privilege role dlock_postgresql makes
     (no membership: no pg_read_all_stats)."""
     primary = "127.0.0.1:%d" % pg_sync.primary.port
     name = "dlock_st_" + uuid.uuid4().hex[:8]
-    provision(pg_sync.primary, name)
+    provision(pg_sync.primary, name, pg_role_spec)
     least_url = "postgresql://%s@%s/%s" % (name, primary, name)
     password = tmp_path / "password"
     password.write_text(PASSWORD + "\n")

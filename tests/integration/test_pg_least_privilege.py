@@ -17,8 +17,6 @@ import uuid
 import psycopg
 import pytest
 
-from ansible_cli import BIN, ansible_env
-
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_common import SCHEMA, SCHEMA_UPGRADES
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError
@@ -27,37 +25,12 @@ ROLE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "
 HELPER = os.path.join(ROLE_DIR, "files", "dlock_pg_provision.py")
 PASSWORD = "pg-least-privilege-0123"
 
-# The role's own reading of the engine's schema, rendered by ansible-playbook
-# from the role's vars (role_path given as the role would have it).
-RENDER = """
-- hosts: localhost
-  gather_facts: false
-  tasks:
-    - ansible.builtin.include_vars: {vars}
-    - ansible.builtin.copy:
-        content: "{{{{ {{'schema': __dlock_postgresql_schema, 'upgrades': __dlock_postgresql_schema_upgrades,
-                     'grants': __dlock_postgresql_grants}} | to_json }}}}"
-        dest: {out}
-"""
-
 # dlock_lease as the first release made it: no line_until.
 EARLIER_LEASE_TABLE = SCHEMA[0].replace(",\n        line_until timestamptz", "")
 
 
-@pytest.fixture(scope="module")
-def role_spec(tmp_path_factory):
-    where = tmp_path_factory.mktemp("role-schema")
-    playbook, out = where / "render.yml", where / "spec.json"
-    playbook.write_text(RENDER.format(vars=os.path.join(ROLE_DIR, "vars", "main.yml"), out=out))
-    done = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                           "-e", "ansible_python_interpreter=" + sys.executable, "-e", "role_path=" + ROLE_DIR,
-                           str(playbook)], env=ansible_env(), capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(out.read_text())
-
-
-def test_the_role_reads_the_engines_schema_whole(role_spec):
-    assert role_spec["schema"] == list(SCHEMA) and role_spec["upgrades"] == list(SCHEMA_UPGRADES)
+def test_the_role_reads_the_engines_schema_whole(pg_role_spec):
+    assert pg_role_spec["schema"] == list(SCHEMA) and pg_role_spec["upgrades"] == list(SCHEMA_UPGRADES)
     assert "line_until" in SCHEMA[0] and "line_until" not in EARLIER_LEASE_TABLE
 
 
@@ -72,9 +45,9 @@ def provision(server, name, spec, password=PASSWORD, check=False):
 
 
 @pytest.fixture
-def provisioned(pg_server, role_spec):
+def provisioned(pg_server, pg_role_spec):
     name = "dlock_lp_" + uuid.uuid4().hex[:8]
-    first = provision(pg_server, name, role_spec)
+    first = provision(pg_server, name, pg_role_spec)
     yield name, first
     pg_server.sql("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name)
     pg_server.sql("DROP ROLE IF EXISTS %s" % name)
@@ -85,11 +58,11 @@ def connect(server, name, password=PASSWORD, db=None):
                            dbname=db or name, autocommit=True, connect_timeout=5)
 
 
-def test_provisioning_is_idempotent_and_check_mode_changes_nothing(pg_server, provisioned, role_spec):
+def test_provisioning_is_idempotent_and_check_mode_changes_nothing(pg_server, provisioned, pg_role_spec):
     name, first = provisioned
     assert first["changed"] and "create role %s" % name in first["actions"]
-    assert provision(pg_server, name, role_spec) == {"changed": False, "actions": []}
-    changed = provision(pg_server, name, role_spec, password="another-password-0123", check=True)
+    assert provision(pg_server, name, pg_role_spec) == {"changed": False, "actions": []}
+    changed = provision(pg_server, name, pg_role_spec, password="another-password-0123", check=True)
     assert changed["actions"] == ["set the password of role %s" % name]
     with connect(pg_server, name) as conn:  # check mode kept the old password
         assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -131,7 +104,7 @@ def test_the_engine_works_under_the_role(pg_server, provisioned, unique_key):
             b.close()
 
 
-def test_tables_of_an_earlier_version_are_brought_up_to_date(pg_server, provisioned, role_spec, unique_key):
+def test_tables_of_an_earlier_version_are_brought_up_to_date(pg_server, provisioned, pg_role_spec, unique_key):
     """The role adds the columns added since (check mode only says so); then
     the engine under the role grants and waits in line."""
     name, _first = provisioned
@@ -144,9 +117,9 @@ def test_tables_of_an_earlier_version_are_brought_up_to_date(pg_server, provisio
                                                r"of table dlock_lease\); upgrade them with the dlock_postgresql role"):
             runner.acquire(unique_key, "owner-a", 5)
         want = {"changed": True, "actions": ["add column line_until to dlock_lease"]}
-        assert provision(pg_server, name, role_spec, check=True) == want
-        assert provision(pg_server, name, role_spec) == want
-        assert provision(pg_server, name, role_spec) == {"changed": False, "actions": []}
+        assert provision(pg_server, name, pg_role_spec, check=True) == want
+        assert provision(pg_server, name, pg_role_spec) == want
+        assert provision(pg_server, name, pg_role_spec) == {"changed": False, "actions": []}
         runner.close()
         runner = open_backend(url, password=PASSWORD)
         runner.join_queue(unique_key, "owner-a", 3)
