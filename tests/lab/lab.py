@@ -20,6 +20,7 @@ iproute2, and iptables for `delay`.
 
 import argparse
 import concurrent.futures
+import errno
 import fcntl
 import glob
 import hashlib
@@ -186,8 +187,11 @@ def cgroup_pids(name):
                 try:
                     with open(os.path.join(dirpath, "cgroup.procs")) as f:
                         pids.update(int(p) for p in f.read().split())
-                except FileNotFoundError:
-                    pass  # a shutting-down container's systemd just removed it
+                except OSError as exc:
+                    # A shutting-down container's systemd just removed it:
+                    # gone (ENOENT), or removed between open and read (ENODEV).
+                    if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                        raise
     return pids
 
 
