@@ -142,13 +142,16 @@ def _wait_for(predicate, attempts=60):
 def test_force_release_ends_the_holders_run(host):
     """A held key of its own (not the job's: a force release of a scheduled run
     would cost that slot its recorded result): released by force, its holder
-    sees the loss at its next renewal, kills its job and exits 76."""
+    sees the loss at its next renewal (every 2 s), kills its job and exits 76.
+    The job's own ttl (1m), so op_timeout (2 s) is the job's too: a shorter
+    ttl's would not cover a TLS connection to a loaded etcd."""
     key, unit = "molecule-force-%s" % host.backend.get_hostname(), "dlock-force-hold"
-    started = host.run("systemd-run --unit %s dlock run --job molecule-force --key %s --ttl 6s -- sleep 300",
-                       unit, key)
+    started = host.run("systemd-run --unit %s dlock run --job molecule-force --key %s --ttl 1m --renew-every 2s "
+                       "-- sleep 300", unit, key)
     assert started.rc == 0, started.stderr
     try:
-        assert _wait_for(lambda: '"held": true' in host.run("dlock status --key %s --json", key).stdout)
+        assert _wait_for(lambda: '"held": true' in host.run("dlock status --key %s --json", key).stdout), \
+            host.run("journalctl -u %s --no-pager -n 20", unit).stdout
         out = host.run("dlock release --key %s --force --reason 'molecule verify'", key)
         assert out.rc == 0 and out.stdout.startswith("released %s" % key), out.stdout + out.stderr
         assert _wait_for(lambda: host.run("systemctl is-active %s", unit).stdout.strip() != "active")
