@@ -52,6 +52,10 @@ DEBIAN_PYTHON = "/usr/bin/python3"
 ROUND_TRIP = """
 import json, sys
 sys.path[:0] = [%(here)r, %(tests)r, %(engine)r]
+# This engine's, imported first: bench_lock puts this checkout's engine ahead
+# on sys.path, and its own import of dlock must find this one already loaded.
+import dlock.backends
+assert dlock.__file__.startswith(%(engine)r), dlock.__file__
 import bench_lock
 
 class Server(object):
