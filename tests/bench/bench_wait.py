@@ -19,10 +19,13 @@ interleaved in one run (A B C A B C ...), so machine noise hits them alike:
   is seen waiting in the server's own counters.
 
 "before" is the engine of a git ref (default: main), extracted with
-`git archive` into a temp dir; "after" is this checkout. Prints the table
-and writes tests/bench/report_wait.json.
+`git archive` into a temp dir; "after" is this checkout's working tree.
+Both are byte-compiled by the interpreter that runs them, as dlock_runner
+installs the engine on a node. --python picks that interpreter (default:
+this one, with .venv's newest drivers; /usr/bin/python3 has Debian's, as on
+the nodes). Prints the table and writes tests/bench/report_wait.json.
 
-  python tests/bench/bench_wait.py [--before-ref main] [--seconds 6] [--rounds 2]
+  python tests/bench/bench_wait.py [--before-ref main] [--seconds 6] [--rounds 2] [--python PY]
 """
 
 import argparse
@@ -100,20 +103,40 @@ print(json.dumps({"per_thread": sorted(counts.values()), "seconds": time.monoton
 """
 
 
+# The interpreter of the dlock processes (--python): this one by default.
+PYTHON = [sys.executable]
+
+
 def extract(ref, into):
-    """The engine of git ref `ref`, as a PYTHONPATH directory."""
-    archive = subprocess.run(["git", "-C", ROOT, "archive", ref, "plugins/module_utils/dlock"],
-                             capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
-    return os.path.join(into, "plugins", "module_utils")
+    """The engine of git ref `ref` ("." for this checkout's working tree) as a
+    PYTHONPATH directory, byte-compiled by the interpreter that runs it, as
+    the dlock_runner role installs it on a node: a process that compiled the
+    engine again at every start would spend on that what a node does not."""
+    path = os.path.join(into, "plugins", "module_utils")
+    os.makedirs(path)
+    if ref == ".":
+        subprocess.run(["cp", "-r", os.path.join(ROOT, "plugins", "module_utils", "dlock"), path], check=True)
+    else:
+        archive = subprocess.run(["git", "-C", ROOT, "archive", ref, "plugins/module_utils/dlock"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    subprocess.run(PYTHON + ["-m", "compileall", "-q", os.path.join(path, "dlock")], check=True)
+    return path
+
+
+def has_driver(python, module):
+    found = subprocess.run([python, "-c", "import %s" % module], capture_output=True, check=False).returncode == 0
+    if not found:
+        print("%s has no %s: its backend is left out" % (python, module), file=sys.stderr)
+    return found
 
 
 def env_for(path):
-    return dict(os.environ, PYTHONPATH=path, PYTHONDONTWRITEBYTECODE="1")
+    return dict(os.environ, PYTHONPATH=path)
 
 
 def dlock_run(url, key, *extra):
-    return [sys.executable, "-c", ENTRY, "run", "--job", "bench", "--key", key, "--backend", url, "--ttl", "10s"] \
+    return PYTHON + ["-c", ENTRY, "run", "--job", "bench", "--key", key, "--backend", url, "--ttl", "10s"] \
         + list(extra)
 
 
@@ -198,7 +221,7 @@ def threads(paths, urls, waiters, grants):
     for version, path in paths.items():
         for backend, url in urls.items():
             key = "bench-threads-%s-%s" % (version, backend)
-            out = subprocess.run([sys.executable, "-c", THREADS, url, key, str(waiters), str(grants)],
+            out = subprocess.run(PYTHON + ["-c", THREADS, url, key, str(waiters), str(grants)],
                                  env=env_for(path), capture_output=True, text=True, check=True, timeout=600).stdout
             answer = json.loads(out)
             report["%s %s" % (backend, version)] = {"grants_per_thread": answer["per_thread"],
@@ -278,7 +301,7 @@ def takeover_once(path, url, key, expiry, in_line, backend, version, etcd_endpoi
     deletions = EtcdDeletions(etcd_endpoint, "/dlock/%s/lock" % key) if etcd_endpoint and expiry else None
     # Long enough to outlast the waiter's start-up on a loaded machine; a release comes first.
     ttl = 8.0 if expiry else 60.0
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, url, key, str(ttl)], env=env,
+    holder = subprocess.Popen(PYTHON + ["-c", HOLDER, url, key, str(ttl)], env=env,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     asked = float(holder.stdout.readline())
     baseline = in_line.baseline(backend)
@@ -344,11 +367,18 @@ def main():
     parser.add_argument("--waiters", type=int, default=8)
     parser.add_argument("--grants", type=int, default=200, help="grants of the threads comparison")
     parser.add_argument("--only", choices=("contention", "threads", "takeover"))
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter of the dlock processes, with its drivers (e.g. /usr/bin/python3: Debian's, "
+                             "as on the nodes); a backend whose driver it lacks is left out")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="dlock-bench-before-")
-    paths = {"before": extract(args.before_ref, tmp), "after": os.path.join(ROOT, "plugins", "module_utils")}
+    PYTHON[:] = [args.python]
+    paths = {"before": extract(args.before_ref, os.path.join(tmp, "before")),
+             "after": extract(".", os.path.join(tmp, "after"))}
     redis_server, pg_server, etcd_server = servers.RedisServer(), servers.PostgresServer(), servers.EtcdServer()
-    urls = {"redis": redis_server.url, "postgresql": pg_server.url(), "etcd": etcd_server.url}
+    urls = dict((backend, url) for backend, url, driver in (
+        ("redis", redis_server.url, "redis"), ("postgresql", pg_server.url(), "psycopg"),
+        ("etcd", etcd_server.url, "etcd3gw")) if has_driver(args.python, driver))
     report = {"before_ref": args.before_ref, "waiters": args.waiters, "job_ms": JOB_SECONDS * 1000}
     try:
         endpoint = "127.0.0.1:%d" % etcd_server.client_ports[0]
