@@ -173,3 +173,19 @@ def test_postgresql_judges_expiry_when_the_statement_runs(pg_server, unique_key)
         monitor.close()
         holder.close()
         taker.close()
+
+
+@pytest.mark.parametrize("ttl", [float("nan"), float("inf"), 1e308, -1.0, 0.0, True, "60", None])
+@pytest.mark.parametrize("server", ["redis", "postgresql", "etcd"])
+def test_a_lease_length_that_is_no_length_is_refused_and_nothing_is_held(request, server, ttl, unique_key):
+    """The last wall before the server (base.lease_ms): whatever reaches an
+    engine's acquire as a ttl, only a finite, bounded number becomes a lease."""
+    url = request.getfixturevalue("pg_server").url() if server == "postgresql" \
+        else request.getfixturevalue("%s_server" % server).url
+    backend = open_backend(url)
+    try:
+        with pytest.raises(ConfigError, match="is not a lease length"):
+            backend.acquire(unique_key, "owner", ttl)
+        assert backend.query(unique_key).owner is None
+    finally:
+        backend.close()

@@ -14,16 +14,18 @@ class PgLeaseBackend(PgBackend):
     name = "postgresql"
 
     def acquire(self, key, owner, ttl, slot=None):
+        ttl_ms = lease_ms(ttl)  # checked once, before anything is sent
+
         def grant(conn):
             if slot is None:  # one atomic statement: no transaction round trips
-                fence = self._upsert(conn, key, owner, lease_ms(ttl), UPSERT_LEASE_NO_LINE)
+                fence = self._upsert(conn, key, owner, ttl_ms, UPSERT_LEASE_NO_LINE)
                 if fence is None:
                     holder = self._query(conn, key)
                     if holder.owner is not None:
                         return Grant("locked", holder=holder)
                     # Free, yet refused: someone is in line (or the lock was
                     # freed meanwhile); the grant that follows the line decides.
-                    fence = self._upsert(conn, key, owner, lease_ms(ttl))
+                    fence = self._upsert(conn, key, owner, ttl_ms)
                 return Grant("granted", fence=fence) if fence is not None else self._refusal(conn, key, None, "locked")
             try:
                 # One transaction: the slot claim is undone when the lease is busy.
@@ -32,8 +34,8 @@ class PgLeaseBackend(PgBackend):
                     if not self._claim_slot(conn, key, owner, slot):
                         raise Refused("duplicate")
                     # The lean grant first (nobody in line), then the line's.
-                    fence = (self._upsert(conn, key, owner, lease_ms(ttl), UPSERT_LEASE_NO_LINE)
-                             or self._upsert(conn, key, owner, lease_ms(ttl)))
+                    fence = (self._upsert(conn, key, owner, ttl_ms, UPSERT_LEASE_NO_LINE)
+                             or self._upsert(conn, key, owner, ttl_ms))
                     if fence is None:
                         raise Refused("locked")
             except Refused as refused:
