@@ -130,7 +130,7 @@ def test_runner_commands_work_with_the_backend(host):
     assert report["safe"] and report["chrony"]["synchronised"], report
 
 
-def _wait_for(predicate, attempts=60):
+def wait_for(predicate, attempts=60):
     """Poll a condition every half second, at most attempts times."""
     for _attempt in range(attempts):
         if predicate():
@@ -150,11 +150,11 @@ def test_force_release_ends_the_holders_run(host):
                        "-- sleep 300", unit, key)
     assert started.rc == 0, started.stderr
     try:
-        assert _wait_for(lambda: '"held": true' in host.run("dlock status --key %s --json", key).stdout), \
+        assert wait_for(lambda: '"held": true' in host.run("dlock status --key %s --json", key).stdout), \
             host.run("journalctl -u %s --no-pager -n 20", unit).stdout
         out = host.run("dlock release --key %s --force --reason 'molecule verify'", key)
         assert out.rc == 0 and out.stdout.startswith("released %s" % key), out.stdout + out.stderr
-        assert _wait_for(lambda: host.run("systemctl is-active %s", unit).stdout.strip() != "active")
+        assert wait_for(lambda: host.run("systemctl is-active %s", unit).stdout.strip() != "active")
         status = host.check_output("systemctl show -P ExecMainStatus %s", unit)
         assert status == "76", (status, host.run("journalctl -u %s --no-pager -n 20", unit).stdout)
     finally:

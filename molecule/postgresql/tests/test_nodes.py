@@ -7,8 +7,6 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
 
-import time  # noqa: E402
-
 # The shared tests, imported to be collected here.
 from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
     backend_name,
@@ -17,6 +15,7 @@ from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
     test_password_is_in_use,
     test_runner_commands_work_with_the_backend,
     test_textfile_metrics_served_over_http_and_clean,
+    wait_for,
 )
 from pg_checks import (  # noqa: E402,F401  pylint: disable=unused-import
     test_fleet_connections_carry_the_keepalive_settings,
@@ -34,10 +33,8 @@ def test_advisory_force_release_by_the_same_role(host):
     url = "postgresql+advisory://dlock@%s:5432/dlock" % backend_name(host)
     host.run("systemd-run --unit dlock-advisory-hold --collect dlock run --job advisory-hold "
              "--backend %s --ttl 30s -- sleep 60", url)
-    for _attempt in range(40):
-        if '"held": true' in host.run("dlock status --key advisory-hold --backend %s --json", url).stdout:
-            break
-        time.sleep(0.5)
+    wait_for(lambda: '"held": true' in host.run("dlock status --key advisory-hold --backend %s --json", url).stdout,
+             attempts=40)
     out = host.run("dlock release --key advisory-hold --backend %s --force --reason 'molecule verify'", url)
     host.run("systemctl stop dlock-advisory-hold.service")
     assert out.rc == 0 and "was held by %s" % host.backend.get_hostname() in out.stdout, out.stdout + out.stderr
