@@ -11,6 +11,11 @@ interleaved in one run (A B C A B C ...), so machine noise hits them alike:
   start-up); and the CPU time each grant cost (the processes' user and
   system time, jobs included), with the rate the machine's cores could at
   most give at that cost;
+- driver floor: beside them, the CPU that `python -c "import DRIVER"` and
+  the job cost, which every runner starting one Python process per grant
+  pays before its own code runs, and the rate the cores could at most give
+  at that cost (a row below etcdctl's grants per second means no such
+  runner can match etcdctl on this machine);
 - threads: W threads of one process taking and releasing one key through
   the engine's acquire (the runner's), G grants in all: grants per thread;
 - takeover: a waiting `dlock run` already in line; the holder (another
@@ -49,6 +54,7 @@ sys.path[:0] = [os.path.join(ROOT, "tests")]
 import servers  # noqa: E402
 
 JOB_SECONDS = 0.05
+DRIVERS = {"redis": "redis", "postgresql": "psycopg", "etcd": "etcd3gw"}
 HELD_AFTER_IN_LINE = 2.0  # takeover after a release: the lock is released this long after the waiter asked
 ENTRY = "import sys; sys.argv[0] = 'dlock'; from dlock.cli import main; raise SystemExit(main())"
 
@@ -216,6 +222,31 @@ def contention(contenders, waiters, seconds, rounds):
     return report
 
 
+def driver_floor(drivers, rounds=15):
+    """CPU (user + system) that any runner which starts one process per
+    grant must spend on each grant before its own code runs: this
+    interpreter importing the backend's driver (`python -c "import redis"`),
+    plus the job itself (`sleep`). Medians of `rounds` runs, one at a time,
+    interleaved; with the rate the machine's cores could at most give at
+    that cost, whatever the runner and its waiting do."""
+    commands = dict(("%s (python -c 'import %s')" % (backend, driver), PYTHON + ["-c", "import %s" % driver])
+                    for backend, driver in drivers.items())
+    commands["job (sleep %s)" % JOB_SECONDS] = ["sleep", str(JOB_SECONDS)]
+    samples = dict((name, []) for name in commands)
+    for _round in range(rounds):
+        for name, argv in commands.items():
+            cpu = children_cpu()
+            subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            samples[name].append(children_cpu() - cpu)
+    job = statistics.median(samples.pop("job (sleep %s)" % JOB_SECONDS))
+    report = {}
+    for name, values in samples.items():
+        per_grant = statistics.median(values) + job
+        report[name] = {"cpu_ms_per_grant": round(per_grant * 1000, 1),
+                        "cpu_bound_grants_per_s": round((os.cpu_count() or 1) / per_grant, 1)}
+    return report
+
+
 def threads(paths, urls, waiters, grants):
     report = {}
     for version, path in paths.items():
@@ -376,9 +407,9 @@ def main():
     paths = {"before": extract(args.before_ref, os.path.join(tmp, "before")),
              "after": extract(".", os.path.join(tmp, "after"))}
     redis_server, pg_server, etcd_server = servers.RedisServer(), servers.PostgresServer(), servers.EtcdServer()
-    urls = dict((backend, url) for backend, url, driver in (
-        ("redis", redis_server.url, "redis"), ("postgresql", pg_server.url(), "psycopg"),
-        ("etcd", etcd_server.url, "etcd3gw")) if has_driver(args.python, driver))
+    urls = dict((backend, url) for backend, url in (
+        ("redis", redis_server.url), ("postgresql", pg_server.url()), ("etcd", etcd_server.url))
+        if has_driver(args.python, DRIVERS[backend]))
     report = {"before_ref": args.before_ref, "waiters": args.waiters, "job_ms": JOB_SECONDS * 1000}
     try:
         endpoint = "127.0.0.1:%d" % etcd_server.client_ports[0]
@@ -393,9 +424,12 @@ def main():
                         dlock_run(url, key, *(wait + ["sleep", str(JOB_SECONDS)])), dlock_run(url, key, *(wait + ["true"])),
                         env_for(path))
             report["contention"] = contention(contenders, args.waiters, args.seconds, args.rounds)
+            report["driver_floor"] = driver_floor(dict((backend, DRIVERS[backend]) for backend in urls))
             base = report["contention"]["etcdctl lock"]["grants_per_s"]
             for row in report["contention"].values():
                 row["grants_to_etcdctl"] = round(row["grants_per_s"] / base, 3)
+            for row in report["driver_floor"].values():  # the most any such runner could reach, to etcdctl's rate
+                row["most_to_etcdctl"] = round(row["cpu_bound_grants_per_s"] / base, 3)
             save(report)
         if args.only in (None, "threads"):
             report["threads"] = threads(paths, urls, args.waiters, args.grants)
