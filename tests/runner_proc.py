@@ -1,7 +1,10 @@
 """Start the node runner from the checkout, as a node's /usr/local/bin/dlock does.
 
-The command line is the one of roles/dlock_runner/templates/dlock.sh.j2:
-`python -c '... from dlock.cli import main; raise SystemExit(main())' ARGS`.
+The command line is the one of roles/dlock_runner/templates/dlock.sh.j2,
+`python -c '... from dlock.cli import main; raise SystemExit(main())' ARGS`,
+with the checkout's engine found through PYTHONPATH (the wrapper runs
+`python -I` and puts the install dir on sys.path itself; the wrapper as
+rendered is tested in tests/integration/test_release.py).
 """
 
 import json

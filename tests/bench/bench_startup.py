@@ -90,13 +90,13 @@ def driver_versions(python):
 
 
 # FLOOR: what no file:// runner can go below: the interpreter started as the
-# wrapper starts it (-s), the standard modules the runner cannot do without
+# wrapper starts it (-I), the standard modules the runner cannot do without
 # (json for its state and log line, which brings re; signal, which brings
 # enum; select, fcntl for the flock) and one spawn of the job, waited for.
-FLOOR = "python -s: runner's stdlib + spawn true (floor)"
+FLOOR = "python -I: runner's stdlib + spawn true (floor)"
 BASELINES = (("python -I -c pass", ["-I", "-c", "pass"]), ("python -c 'import redis'", ["-c", "import redis"]),
              ("python -c 'import psycopg'", ["-c", "import psycopg"]),
-             (FLOOR, ["-s", "-c", "import json, signal, select, fcntl, os; "
+             (FLOOR, ["-I", "-c", "import json, signal, select, fcntl, os; "
                                   "os.waitpid(os.posix_spawnp('true', ['true'], os.environ), 0)"]))
 
 

@@ -170,19 +170,54 @@ def test_role_readmes_are_current():
         assert "dlock.fleet.%s" % role in text.split("## Example", 1)[1], role
 
 
-def test_node_wrapper_starts_the_runner(tmp_path):
+def node_wrapper(directory):
+    """The dlock_runner role's wrapper, rendered over a copy of the engine in
+    `directory` (as the role installs it), for this interpreter."""
+    engine = directory / "lib"
+    shutil.copytree(os.path.join(ROOT, "plugins", "module_utils", "dlock"), str(engine / "dlock"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
     with open(os.path.join(ROOT, "roles", "dlock_runner", "templates", "dlock.sh.j2")) as handle:
         template = jinja2.Template(handle.read())
-    wrapper = tmp_path / "dlock"
+    wrapper = directory / "dlock"
     wrapper.write_text(template.render(ansible_managed="test", dlock_runner_python=sys.executable,
-                                       dlock_runner_install_dir=os.path.join(ROOT, "plugins", "module_utils")))
-    out = subprocess.run(["sh", str(wrapper), "--version"], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"), check=False)
+                                       dlock_runner_install_dir=str(engine)))
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_node_wrapper_starts_the_runner(tmp_path):
+    wrapper = node_wrapper(tmp_path)
+    out = subprocess.run([wrapper, "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0 and out.stdout.startswith("dlock "), out.stdout + out.stderr
-    bad = subprocess.run(["sh", str(wrapper), "run", "--job", "x", "--ttl", "nonsense", "--backend",
-                          "file://%s" % tmp_path, "--", "true"], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"), check=False)
+    bad = subprocess.run([wrapper, "run", "--job", "x", "--ttl", "nonsense", "--backend",
+                          "file://%s" % tmp_path, "--", "true"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 78, bad.stdout + bad.stderr
+
+
+# Pure-Python standard modules that `dlock run` imports as it starts.
+STDLIB_THE_RUNNER_IMPORTS = ("json", "re", "enum", "signal", "threading")
+
+
+def test_node_wrapper_imports_nothing_from_where_it_is_started(tmp_path):
+    """A json.py in the directory `dlock` is started from (an operator's
+    shell in /tmp, a cron job's home), or on a PYTHONPATH of the caller's,
+    is never run by the runner: with `python -c`, the current directory came
+    first on sys.path. The job still gets the caller's environment."""
+    wrapper = node_wrapper(tmp_path)
+    planted = tmp_path / "planted"
+    for where in ("cwd", "pythonpath"):
+        (tmp_path / where).mkdir()
+        for name in STDLIB_THE_RUNNER_IMPORTS:
+            (tmp_path / where / (name + ".py")).write_text(
+                "open(%r, 'a').write(%r)\nraise SystemExit(99)\n" % (str(planted), "%s/%s.py " % (where, name)))
+    seen = tmp_path / "job-saw"
+    run = subprocess.run([wrapper, "run", "--job", "x", "--backend", "file://%s" % (tmp_path / "locks"), "--",
+                          "sh", "-c", 'printf %s "$PYTHONPATH" > "$0"', str(seen)],
+                         cwd=str(tmp_path / "cwd"), env=dict(os.environ, PYTHONPATH=str(tmp_path / "pythonpath")),
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert not planted.exists(), "the runner imported %s" % planted.read_text()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert seen.read_text() == str(tmp_path / "pythonpath")
 
 
 @pytest.fixture(scope="module")
