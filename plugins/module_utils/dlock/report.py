@@ -3,13 +3,26 @@
 Metrics go to METRICS_DIR/dlock_JOB.prom for node_exporter's textfile
 collector, written to a temp file in the same directory and renamed, so a
 scrape never sees half a file. Counters carry over from the previous file.
+
+The metrics directory is shared (the dlock_runner role makes it 2775, group
+dlock: every job's user writes there), so what lies in it is not trusted: the
+previous file is read only if it is a regular file (a FIFO or a link there
+starts the counters over, and the rename replaces it), the new one is
+written through safefile.replace_file, and the directory's flock, which
+anyone who can open the directory can take, is waited for at most
+METRICS_LOCK_SECONDS: a run is never held up by its metrics.
 """
 
+import errno
 import fcntl
 import json
 import os
 import re
 import sys
+import time
+
+from .errors import ConfigError
+from .safefile import read_regular, replace_file
 
 LOG_FIELDS = ("job", "key", "owner", "fence", "run_id", "attempt", "wait_ms", "duration_ms", "result", "exit_code")
 
@@ -29,6 +42,7 @@ METRICS = (
 )
 RESULTS = ("success", "failed", "skipped_locked", "skipped_duplicate", "lock_lost", "backend_error", "clock_unsafe")
 _COUNTER_LINE = re.compile(r'^dlock_runs_total\{job="[^"]*",result="([a-z_]+)"\} (\d+)$')
+METRICS_LOCK_SECONDS = 2.0
 
 
 def log_line(record, stream=None):
@@ -46,16 +60,21 @@ def metrics_path(directory, job):
     return os.path.join(directory, "dlock_%s.prom" % job)
 
 
-def _read_counters(path):
-    counts = dict((result, 0) for result in RESULTS)
+def _read_previous(path):
+    """The text of the job's previous metrics file; "" when there is none, or
+    when what is there is not a regular file of ours to read."""
     try:
-        with open(path) as handle:
-            for line in handle:
-                match = _COUNTER_LINE.match(line.strip())
-                if match:
-                    counts[match.group(1)] = int(match.group(2))
-    except (IOError, OSError):
-        pass
+        return read_regular(path, "metrics file", follow=False)
+    except (IOError, OSError, ConfigError):
+        return ""
+
+
+def _counters(text):
+    counts = dict((result, 0) for result in RESULTS)
+    for line in text.splitlines():
+        match = _COUNTER_LINE.match(line.strip())
+        if match:
+            counts[match.group(1)] = int(match.group(2))
     return counts
 
 
@@ -89,12 +108,8 @@ def render(job, counts, gauges):
 
 
 def write_textfile(path, text):
-    """Temp file in the same directory, then rename: a scrape never sees half a file."""
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    os.rename(tmp, path)
+    """A new file renamed over the old: a scrape never sees half a file."""
+    replace_file(path, text, 0o644)
 
 
 def _number(value):
@@ -110,11 +125,11 @@ def write_metrics(directory, job, gauges, result=None):
 
     The directory's flock serialises two runners of one job on one node."""
     path = metrics_path(directory, job)
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(dir_fd, fcntl.LOCK_EX)
-        counts = _read_counters(path)
-        previous = read_gauges(path)
+        _lock_within(dir_fd, METRICS_LOCK_SECONDS, directory)
+        text = _read_previous(path)
+        counts, previous = _counters(text), _gauges(text)
         previous.update((k, v) for k, v in gauges.items() if v is not None)
         if result is not None:
             counts[result] = counts.get(result, 0) + 1
@@ -123,14 +138,29 @@ def write_metrics(directory, job, gauges, result=None):
         os.close(dir_fd)
 
 
-def read_gauges(path):
-    """The gauges of an existing file (so a partial update keeps the others)."""
+def _lock_within(fd, seconds, what):
+    """flock(fd) exclusively, waiting at most `seconds` (flock(2) has no
+    timeout of its own); OSError(EWOULDBLOCK) naming `what` after that."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OSError(errno.EWOULDBLOCK, "%s: its lock was held by another process for over %gs"
+                              % (what, seconds))
+            time.sleep(0.01)
+
+
+def _gauges(text):
+    """The gauges of the previous file (so a partial update keeps the others),
+    up to the first line that is not one of ours."""
     gauges = {}
-    try:
-        with open(path) as handle:
-            for line in handle:
-                if line.startswith("dlock_") and not line.startswith("dlock_runs_total"):
-                    gauges[line.split("{", 1)[0]] = float(line.rsplit(" ", 1)[1])
-    except (IOError, OSError, ValueError, IndexError):
-        pass
+    for line in text.splitlines():
+        if line.startswith("dlock_") and not line.startswith("dlock_runs_total"):
+            try:
+                gauges[line.split("{", 1)[0]] = float(line.rsplit(" ", 1)[1])
+            except (ValueError, IndexError):
+                break
     return gauges

@@ -6,19 +6,55 @@ system call), so among waiters the lock goes to whoever tries first after the
 release, as it would among processes blocked in flock(2), not by arrival.
 Beside the lock file, KEY.json (replaced atomically, under the lock) keeps the
 fence, holder, min-hold deadline, last slot and last run.
+
+The directory may be shared by the jobs of several users, so what lies in it
+is not trusted: a symbolic link or a FIFO at a lock or state file's name is
+refused with a BackendError (never followed, never waited on), and the state
+file is replaced with safefile.replace_file (no link planted at its temporary
+name is written through).
 """
 
 import errno
 import fcntl
 import json
+import math
 import os
+import stat
 import time
 
-from ..errors import BackendError
+from ..errors import BackendError, ConfigError
+from ..safefile import read_regular, replace_file
 from ..slots import slot_number
 from .base import Backend, Grant, Holder
 
 POLL = 0.01
+MAX_FENCE = 2 ** 63 - 1
+
+
+def _number_or_none(value):
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+
+
+def _int_or_none(value):
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _state(text):
+    """The state KEY.json holds, or {} when it is not what dlock writes there
+    (not JSON, torn, edited by hand into other types): as before any grant.
+    The lock itself is the flock, not this file."""
+    try:
+        state = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(state, dict):
+        return {}
+    fence = state.get("fence", 0)
+    sane = (isinstance(fence, int) and not isinstance(fence, bool) and 0 <= fence < MAX_FENCE
+            and _number_or_none(state.get("acquired_at")) and _number_or_none(state.get("hold_until"))
+            and _int_or_none(state.get("slot")) and isinstance(state.get("owner"), (str, type(None)))
+            and isinstance(state.get("last"), (dict, type(None))))
+    return state if sane else {}
 
 
 class FileBackend(Backend):
@@ -34,14 +70,26 @@ class FileBackend(Backend):
 
     def _read_state(self, key):
         try:
-            with open(self._path(key, ".json")) as handle:
-                return json.load(handle)
-        except (IOError, OSError) as exc:
-            if exc.errno == errno.ENOENT:
-                return {}
-            raise BackendError("file: cannot read %s (%s)" % (self._path(key, ".json"), exc))
-        except ValueError:
-            return {}  # torn by hand: the lock itself is the flock, not this file
+            return _state(read_regular(self._path(key, ".json"), "file: lock state", follow=False))
+        except FileNotFoundError:
+            return {}
+        except ConfigError as exc:  # a link, a FIFO, a directory, unreadable: the backend is not usable
+            raise BackendError(str(exc))
+
+    def _open_lock(self, key, flags):
+        """KEY.lock, a regular file of the lock directory, opened without
+        following a link and without blocking (a FIFO would wait for a writer)."""
+        path = self._path(key, ".lock")
+        try:
+            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise BackendError("file: lock %s: is a symbolic link (refused: it could point anywhere)" % path)
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise BackendError("file: lock %s: is not a regular file (a FIFO, device or socket is refused)" % path)
+        return fd
 
     def _write_state(self, key, state, durable=False):
         """Replace KEY.json (a temp file renamed over it: a reader never sees
@@ -58,13 +106,10 @@ class FileBackend(Backend):
         is not fsynced: a power loss then costs that record and the min_hold,
         never a fence or a grant; each fsync costs a start 1-10 ms of disk."""
         path = self._path(key, ".json")
-        tmp = "%s.%d.tmp" % (path, os.getpid())
-        with open(tmp, "w") as handle:
-            json.dump(state, handle, sort_keys=True)
-            if durable:
-                handle.flush()
-                os.fsync(handle.fileno())
-        os.rename(tmp, path)
+        try:
+            replace_file(path, json.dumps(state, sort_keys=True), durable=durable)
+        except (IOError, OSError) as exc:
+            raise BackendError("file: cannot write %s (%s)" % (path, exc.strerror or exc))
 
     def _holder(self, key, state, held):
         now = time.time()
@@ -91,32 +136,36 @@ class FileBackend(Backend):
         try:
             # exist_ok: runners started together race to create it.
             os.makedirs(self.directory, 0o750, exist_ok=True)
-            fd = os.open(self._path(key, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            fd = self._open_lock(key, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise BackendError("file: cannot open the lock in %s (%s)" % (self.directory, exc))
+        try:
+            grant = self._grant(fd, key, owner, slot)
+        except BaseException:
+            os.close(fd)
+            raise
+        if grant.granted:
+            self._fds[key] = fd
+        else:
+            os.close(fd)
+        return grant
+
+    def _grant(self, fd, key, owner, slot):
         state = self._read_state(key)
         if slot is not None and state.get("slot") == slot.number:
-            os.close(fd)
             return Grant("duplicate", holder=self._holder(key, state, held=False))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (IOError, OSError):
-            os.close(fd)
             return Grant("locked", holder=self._holder(key, state, held=True))
         state = self._read_state(key)  # now under the lock
         if (state.get("hold_until") or 0) > time.time() or (slot is not None and state.get("slot") == slot.number):
-            os.close(fd)
             status = "duplicate" if slot is not None and state.get("slot") == slot.number else "locked"
             return Grant(status, holder=self._holder(key, state, held=False))
         state.update(owner=owner, fence=state.get("fence", 0) + 1, acquired_at=time.time(), hold_until=None)
         if slot is not None:
             state["slot"] = slot.number
-        try:
-            self._write_state(key, state, durable=True)
-        except (IOError, OSError) as exc:
-            os.close(fd)
-            raise BackendError("file: cannot record the grant in %s (%s)" % (self.directory, exc))
-        self._fds[key] = fd
+        self._write_state(key, state, durable=True)
         return Grant("granted", fence=state["fence"])
 
     def renew(self, key, owner, ttl):
@@ -126,16 +175,18 @@ class FileBackend(Backend):
         fd = self._fds.pop(key, None)
         if fd is None:
             return False
-        state = self._read_state(key)
-        if last:
-            state["last"] = last
-        hold_until = (state.get("acquired_at") or 0) + min_hold
-        if hold_until > time.time():
-            state["hold_until"] = hold_until
-        else:
-            state["owner"] = None
-        self._write_state(key, state)
-        os.close(fd)
+        try:
+            state = self._read_state(key)
+            if last:
+                state["last"] = last
+            hold_until = (state.get("acquired_at") or 0) + min_hold
+            if hold_until > time.time():
+                state["hold_until"] = hold_until
+            else:
+                state["owner"] = None
+            self._write_state(key, state)
+        finally:
+            os.close(fd)  # the flock goes with it, recorded or not
         return True
 
     def force_release(self, key):
@@ -152,7 +203,7 @@ class FileBackend(Backend):
         if key in self._fds:
             return True
         try:
-            fd = os.open(self._path(key, ".lock"), os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._open_lock(key, os.O_RDONLY)
         except OSError:
             return False
         try:
