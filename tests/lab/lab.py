@@ -233,6 +233,21 @@ def spawn_in_cgroup(name, argv, **popen_kwargs):
     return subprocess.Popen(["sh", "-c", joins + 'exec "$@"', "sh", *argv], **popen_kwargs)
 
 
+def count_for_the_suite(record):
+    """One JSON line in the file DLOCK_SUITE_COUNT names (scripts/test.sh
+    sets it; scripts/budget.py counts the lab boots from it); nothing when
+    it is not set. O_APPEND: lines from parallel lanes never interleave."""
+    path = os.environ.get("DLOCK_SUITE_COUNT")
+    if not path:
+        return
+    record = dict(record, stage=os.environ.get("DLOCK_SUITE_STAGE", ""))
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 class Lab:
     """One lab: the nodes, network and state named after one prefix."""
 
@@ -455,6 +470,7 @@ class Lab:
                 # Nodes route via the host: forwarding would let their traffic leave the machine.
                 raise LabError("net.ipv4.ip_forward is on; the lab needs it off so nodes stay isolated")
         state = self._load_state()
+        new_lab = not state["nodes"]
         if state["nodes"] and state["subnet"] != self.subnet:
             raise LabError(f"lab {self.prefix} runs on {state['subnet']}.0/24: `down` it first")
         image = self.build_image()
@@ -473,6 +489,8 @@ class Lab:
         spawned = dict((name, self._boot(name)) for name in to_boot)
         self._wait_booted(to_boot, timeout, spawned)
         self._write_inventory(wanted)
+        if to_boot:
+            count_for_the_suite({"event": "up", "lab": self.prefix, "new_lab": new_lab, "booted": len(to_boot)})
         return [n["name"] for n in wanted]
 
     def _ensure_bridge(self):

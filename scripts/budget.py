@@ -1,0 +1,166 @@
+"""The test suite's budget table: what each stage cost and what it checked.
+
+scripts/test.sh names a file in DLOCK_SUITE_COUNT and three kinds of JSON
+lines land in it:
+- "stage": one per stage, from `budget.py stage` at the stage's end (its
+  name, lane, seconds, exit status and the checks its output reports);
+- "playbook": one per ansible-playbook run in a lab stage, from the
+  callback tests/budget/callback_plugins/dlock_suite_count.py;
+- "up": one per `lab.py up` that booted nodes (tests/lab/lab.py).
+
+    budget.py stage --name NAME --lane LANE --seconds N --rc N --output FILE
+    budget.py cpu      # before and after the lanes: how busy the cores were
+    budget.py table
+
+`table` prints one row a stage and the totals: the rollouts of
+playbooks/site.yml (a molecule converge.yml imports it and counts as one),
+in check mode, and failing (the preflight tests' rollouts fail on purpose),
+and the labs and nodes booted.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+ROLLOUT_PLAYBOOKS = ("site.yml", "converge.yml")
+
+# pytest's closing line: "==== 12 passed, 1 skipped in 3.41s ====" (also inside molecule's verify).
+PYTEST_SUMMARY = re.compile(r"^=+ (?P<counts>\d+ \w+.*?) in [\d.]+s(?: \([^)]*\))? =+$")
+PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
+OTHER_CHECKS = {
+    "sanity tests": re.compile(r"^Running sanity test [\"'][^\"']+[\"']"),
+    "rule files": re.compile(r"^  SUCCESS: \d+ rules found$"),
+    "rule tests": re.compile(r"^Unit Testing: "),
+    "idempotence": re.compile(r"Idempotence completed successfully"),
+}
+LINT = re.compile(r"^Passed: 0 failure\(s\), 0 warning\(s\) on (\d+) files")
+
+
+def cpu_times():
+    """(busy, total) jiffies of all the machine's cores, from /proc/stat."""
+    with open("/proc/stat") as handle:
+        fields = [int(v) for v in handle.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def checks_in(text):
+    """{what: count} of the checks an output reports having run."""
+    counts = {}
+    for line in text.splitlines():
+        summary = PYTEST_SUMMARY.match(line.strip())
+        if summary:
+            for number, word in PYTEST_COUNT.findall(summary.group("counts")):
+                word = "error" if word.startswith("error") else word
+                counts[word] = counts.get(word, 0) + int(number)
+            continue
+        lint = LINT.match(line)
+        if lint:
+            counts["lint files"] = counts.get("lint files", 0) + int(lint.group(1))
+            continue
+        for what, pattern in OTHER_CHECKS.items():
+            if pattern.search(line):
+                counts[what] = counts.get(what, 0) + 1
+    return counts
+
+
+def append(record):
+    path = os.environ.get("DLOCK_SUITE_COUNT")
+    if not path:
+        raise SystemExit("budget.py: DLOCK_SUITE_COUNT names no file")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read(path):
+    records = []
+    with open(path) as handle:
+        for line in handle:
+            if line.strip():
+                records.append(json.loads(line))
+    return records
+
+
+def describe(counts):
+    order = ["passed", "failed", "error", "skipped", "xfailed", "xpassed", "deselected",
+             "sanity tests", "rule files", "rule tests", "lint files", "idempotence"]
+    return ", ".join("%d %s" % (counts[key], key) for key in order if counts.get(key))
+
+
+def table(records):
+    stages = [r for r in records if r["event"] == "stage"]
+    rows = []
+    totals = {"seconds": 0, "rollouts": 0, "check": 0, "failing": 0, "other": 0, "labs": 0, "nodes": 0}
+    for stage in stages:
+        runs = [r for r in records if r["event"] == "playbook" and r.get("stage") == stage["name"]]
+        ups = [r for r in records if r["event"] == "up" and r.get("stage") == stage["name"]]
+        rollouts = [r for r in runs if r["playbook"] in ROLLOUT_PLAYBOOKS]
+        row = {
+            "rollouts": sum(1 for r in rollouts if not r["check"] and not r["failed"]),
+            "check": sum(1 for r in rollouts if r["check"]),
+            "failing": sum(1 for r in rollouts if r["failed"] and not r["check"]),
+            "other": len(runs) - len(rollouts),
+            "labs": sum(1 for r in ups if r["new_lab"]),
+            "nodes": sum(r["booted"] for r in ups),
+        }
+        for key, value in row.items():
+            totals[key] += value
+        rows.append((stage, row))
+    header = "%-44s %-8s %6s %4s %5s %5s %5s %5s %4s %5s  %s" % (
+        "stage", "lane", "secs", "rc", "full", "check", "fail", "other", "labs", "nodes", "checks run")
+    print(header)
+    print("-" * len(header))
+    for stage, row in rows:
+        print("%-44s %-8s %6d %4d %5d %5d %5d %5d %4d %5d  %s" % (
+            stage["name"][:44], stage["lane"], stage["seconds"], stage["rc"], row["rollouts"], row["check"],
+            row["failing"], row["other"], row["labs"], row["nodes"], describe(stage["checks"])))
+    print("-" * len(header))
+    marks = [r for r in records if r["event"] == "cpu"]
+    if len(marks) >= 2:
+        busy = marks[-1]["busy"] - marks[0]["busy"]
+        total = marks[-1]["total"] - marks[0]["total"]
+        cores = os.cpu_count() or 1
+        print("cores busy while the lanes ran: %.2f of %d on average (%.0f%%)"
+              % (cores * busy / max(total, 1), cores, 100.0 * busy / max(total, 1)))
+    print("site.yml rollouts: %d full, %d in check mode, %d failing (on purpose: preflight tests); "
+          "%d other playbook runs; labs booted: %d (%d nodes)"
+          % (totals["rollouts"], totals["check"], totals["failing"], totals["other"], totals["labs"], totals["nodes"]))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    stage = sub.add_parser("stage", help="record a finished stage (its checks are read from its output)")
+    stage.add_argument("--name", required=True)
+    stage.add_argument("--lane", required=True)
+    stage.add_argument("--seconds", type=int, required=True)
+    stage.add_argument("--rc", type=int, required=True)
+    stage.add_argument("--output", required=True, help="the stage's whole output")
+    sub.add_parser("cpu", help="record the machine's CPU time so far (the table shows the share used between marks)")
+    sub.add_parser("table", help="print the table of the stages recorded so far")
+    args = parser.parse_args(argv)
+    if args.command == "stage":
+        with open(args.output, errors="replace") as handle:
+            counts = checks_in(handle.read())
+        append({"event": "stage", "name": args.name, "lane": args.lane, "seconds": args.seconds,
+                "rc": args.rc, "checks": counts})
+        return 0
+    if args.command == "cpu":
+        busy, total = cpu_times()
+        append({"event": "cpu", "busy": busy, "total": total})
+        return 0
+    path = os.environ.get("DLOCK_SUITE_COUNT", "")
+    if not os.path.exists(path):
+        print("budget.py: no stage was recorded (DLOCK_SUITE_COUNT=%r)" % path, file=sys.stderr)
+        return 1
+    table(read(path))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

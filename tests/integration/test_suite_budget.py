@@ -1,0 +1,88 @@
+"""The suite's budget table (scripts/budget.py) and the callback that counts
+its playbook runs (tests/budget/callback_plugins), with real
+ansible-playbook runs: a table that miscounted rollouts would hide the cost
+it exists to show."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import budget  # noqa: E402
+
+PLAY = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Fail when asked
+      ansible.builtin.fail:
+        msg: asked to fail
+      when: fail | default(false) | bool
+"""
+
+
+def playbook_run(tmp_path, count_file, stage, *args):
+    path = tmp_path / "site.yml"
+    path.write_text(PLAY)
+    env = dict(os.environ, DLOCK_SUITE_COUNT=str(count_file), DLOCK_SUITE_STAGE=stage,
+               ANSIBLE_CALLBACK_PLUGINS=os.path.join(ROOT, "tests", "budget", "callback_plugins"),
+               ANSIBLE_CALLBACKS_ENABLED="dlock_suite_count", ANSIBLE_LOCALHOST_WARNING="false",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_NOCOLOR="1")
+    bin_dir = os.path.dirname(sys.executable)
+    return subprocess.run([os.path.join(bin_dir, "ansible-playbook"), "-i", "localhost,", str(path)] + list(args),
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_callback_counts_rollouts_check_mode_and_failures_per_stage(tmp_path, capsys):
+    count_file = tmp_path / "count.jsonl"
+    done = [playbook_run(tmp_path, count_file, "lab one"),
+            playbook_run(tmp_path, count_file, "lab one", "--check"),
+            playbook_run(tmp_path, count_file, "lab two", "-e", "fail=true")]
+    assert [d.returncode for d in done] == [0, 0, 2], [d.stdout[-2000:] for d in done]
+    assert not any("[WARNING]" in d.stdout + d.stderr for d in done), done[0].stderr  # the callback loaded
+    records = budget.read(str(count_file))
+    assert [(r["stage"], r["check"], r["failed"]) for r in records] == [
+        ("lab one", False, False), ("lab one", True, False), ("lab two", False, True)]
+
+    os.environ["DLOCK_SUITE_COUNT"] = str(count_file)
+    try:
+        assert budget.main(["cpu"]) == 0
+        sum(range(3 * 10 ** 6))  # some CPU time between the marks
+        assert budget.main(["cpu"]) == 0
+        for name, seconds in (("lab one", 12), ("lab two", 3)):
+            output = tmp_path / "out.txt"
+            output.write_text('==== 4 passed, 1 skipped in 3.20s ====\nRunning sanity test "pep8"\n')
+            assert budget.main(["stage", "--name", name, "--lane", "l", "--seconds", str(seconds), "--rc", "0",
+                                "--output", str(output)]) == 0
+        with open(str(count_file), "a") as handle:
+            handle.write(json.dumps({"event": "up", "lab": "x", "new_lab": True, "booted": 4, "stage": "lab two"}) + "\n")
+        assert budget.main(["table"]) == 0
+    finally:
+        del os.environ["DLOCK_SUITE_COUNT"]
+    table = capsys.readouterr().out
+    assert "site.yml rollouts: 1 full, 1 in check mode, 1 failing" in table, table
+    assert "labs booted: 1 (4 nodes)" in table, table
+    busy = re.search(r"cores busy while the lanes ran: ([\d.]+) of (\d+)", table)
+    assert busy and 0 < float(busy.group(1)) <= int(busy.group(2)), table
+    assert "4 passed, 1 skipped, 1 sanity tests" in table, table
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("=========== 887 passed, 3 skipped in 712.31s (0:11:52) ===========", {"passed": 887, "skipped": 3}),
+    ("==== 2 failed, 5 passed, 1 error in 1.00s ====\n===== 3 passed in 0.5s =====",
+     {"failed": 2, "passed": 8, "error": 1}),
+    ("Passed: 0 failure(s), 0 warning(s) on 212 files. Last profile that met the validation criteria was "
+     "'production'.", {"lint files": 212}),
+    ("INFO     Idempotence completed successfully.", {"idempotence": 1}),
+    ("collected 0 items\n=== no tests ran in 0.01s ===", {}),
+])
+def test_the_checks_a_stage_ran_are_read_from_its_output(text, expected):
+    assert budget.checks_in(text) == expected
