@@ -71,12 +71,16 @@ def _unit_settings(values, where):
     return result
 
 
-def _job_file(job, where):
-    """The content of /etc/dlock/jobs/NAME.json for one job entry."""
+def _job_file(job, where, defaults, scheme):
+    """The content of /etc/dlock/jobs/NAME.json for one job entry, and its
+    lock options as the runner will see them (the runner's defaults, then the
+    job's) under the rule of its backend (scheme None: the stricter rule)."""
     content = {"command": _command(job, where),
                "environment": _environment(job.get("environment") or {}, where)}
     options = dict((k, job[k]) for k in OPTION_NAMES if job.get(k) is not None)
-    LockOptions.from_mapping(options, where)  # raises with the field's name
+    effective = dict((k, v) for k, v in defaults.items() if k in OPTION_NAMES)
+    effective.update(options)
+    lock_options = LockOptions.from_mapping(effective, where, scheme)  # raises with the field's name
     if job.get("key") is not None:
         content["key"] = validate.lock_key(job["key"], "%s: key" % where)
     if job.get("working_directory") is not None:
@@ -84,10 +88,10 @@ def _job_file(job, where):
     if job.get("description"):
         content["description"] = validate.unit_value(job["description"], "%s: description" % where)
     content.update(options)
-    return content
+    return content, lock_options
 
 
-def _check_slot_window(job, where, defaults, default_delay):
+def _check_slot_window(job, where, lock_options, default_delay):
     """Timers fire at a boundary plus randomized delay (plus skew): all of that
     must fit in half a slot, or nodes could land in different slots."""
     if not job.get("once_per"):
@@ -97,8 +101,7 @@ def _check_slot_window(job, where, defaults, default_delay):
         delay = validate.duration(job["randomized_delay"], "%s: randomized_delay" % where)
     else:  # the role's default, which the timer uses too
         delay = validate.duration(default_delay, "dlock_jobs_randomized_delay")
-    skew = validate.duration(job.get("max_clock_skew") or defaults.get("max_clock_skew") or 2,
-                             "%s: max_clock_skew" % where)
+    skew = lock_options.max_clock_skew  # the job's, else the runner's default, else the engine's
     if delay + skew >= once_per / 2:
         raise ConfigError("%s: randomized_delay (%s) + max_clock_skew (%s) must stay below half of once_per "
                           "(%s), or nodes that fire in the same slot could see different slots"
@@ -106,17 +109,18 @@ def _check_slot_window(job, where, defaults, default_delay):
                              validate.format_duration(once_per)))
 
 
-def _present(job, where, defaults, default_delay):
+def _present(job, where, defaults, default_delay, scheme):
     """The checked fields of a present job, for the templates."""
     if job.get("schedule") is None:
         raise ConfigError("%s: schedule (a systemd OnCalendar expression) is required" % where)
+    content, lock_options = _job_file(job, where, defaults, scheme)
     entry = {
         "name": job["name"], "state": "present",
         "schedule": validate.text(job["schedule"], "%s: schedule" % where, 256, SCHEDULE,
                                   "a systemd OnCalendar expression"),
-        "file": _job_file(job, where),
+        "file": content,
     }
-    _check_slot_window(job, where, defaults, default_delay)
+    _check_slot_window(job, where, lock_options, default_delay)
     for name in ("randomized_delay", "accuracy"):
         if job.get(name) is not None:
             entry[name + "_sec"] = "%gs" % validate.duration(job[name], "%s: %s" % (where, name))
@@ -134,7 +138,7 @@ def _present(job, where, defaults, default_delay):
     return entry
 
 
-def _entry(job, index, seen, defaults, default_delay):
+def _entry(job, index, seen, defaults, default_delay, scheme):
     where = "dlock_jobs_list[%d]" % index
     validate.mapping(job, where)
     name = validate.job_name(job.get("name"), "%s: name" % where)
@@ -150,19 +154,22 @@ def _entry(job, index, seen, defaults, default_delay):
         raise ConfigError("%s: state must be present or absent" % where)
     if state == "absent":
         return {"name": name, "state": "absent"}
-    return _present(job, where, defaults, default_delay)
+    return _present(job, where, defaults, default_delay, scheme)
 
 
-def dlock_jobs(jobs, defaults=None, randomized_delay=0):
+def dlock_jobs(jobs, defaults=None, randomized_delay=0, backend_url=""):
     """Validated jobs: only checked values, each present job with `file` (the
-    job file's content). `randomized_delay` is the role's default delay."""
+    job file's content). `randomized_delay` is the role's default delay;
+    `backend_url` the runners' backend, whose scheme decides the timing rule
+    ('' when not known: the stricter rule of a backend on a wall clock)."""
     try:
         validate.items(jobs, "dlock_jobs_list", lambda job, field: job, max_items=1000)
         defaults = validate.mapping(defaults or {}, "dlock_runner_defaults")
+        scheme = validate.backend_url(backend_url, "dlock_jobs_backend_url").scheme if backend_url else None
         LockOptions.from_mapping(dict((k, v) for k, v in defaults.items() if k in OPTION_NAMES),
-                                 "dlock_runner_defaults")
+                                 "dlock_runner_defaults", scheme)
         seen = set()
-        return [_entry(job, index, seen, defaults, randomized_delay) for index, job in enumerate(jobs)]
+        return [_entry(job, index, seen, defaults, randomized_delay, scheme) for index, job in enumerate(jobs)]
     except ConfigError as exc:
         raise AnsibleFilterError(str(exc))
 

@@ -293,8 +293,9 @@ def _backend_url(value, field):
 
 
 def _lock_defaults(value, field):
+    """Each option on its own; together, under the rule of the backend, in _runner_rules."""
     validate.mapping(value, field)
-    LockOptions.from_mapping(value, field)
+    LockOptions.parse_values(value, field)
     return value
 
 
@@ -470,6 +471,7 @@ TABLES = {
         "dlock_jobs_password_path": _path,
         "dlock_jobs_metrics_dir": _empty_or(_path),
         "dlock_jobs_unit_dir": _path,
+        "dlock_jobs_backend_url": _empty_or(_backend_url),
     },
 }
 
@@ -611,9 +613,20 @@ def _metrics_rules(values):
                "or home, and the refresh runs unprivileged)")
 
 
+def _backend_scheme(url):
+    """The scheme of a checked backend URL; None for '' or an unchecked one (the stricter timing rule)."""
+    return validate.backend_url(url, "backend URL").scheme if url else None
+
+
 def _runner_rules(values):
     if values.get("dlock_runner_group") == "root":
         yield "dlock_runner_group: must not be root (job units join this group)"
+    if "dlock_runner_defaults" in values:
+        try:
+            LockOptions.from_mapping(values["dlock_runner_defaults"], "dlock_runner_defaults",
+                                     _backend_scheme(values.get("dlock_runner_backend_url")))
+        except ConfigError as exc:
+            yield str(exc)
 
 
 RULES = {"dlock_redis": _redis_rules, "dlock_postgresql": _postgresql_rules, "dlock_etcd": _etcd_rules,

@@ -341,6 +341,9 @@ case(J, "group", group="dlock" + NL + "User=root")
 case(J, "password_path", password_path="%d/x")
 case(J, "metrics_dir", metrics_dir="relative")
 case(J, "unit_dir", unit_dir="/etc/systemd/system/../x")
+case(J, "backend_url", backend_url="bogus://db1")
+case(J, "backend_url", backend_url="redis://u:%s@db1:6379/0" % SECRET_URL)
+case(J, "backend_url", backend_url="redis://db1:6379/0" + NL + "ExecStartPre=/bin/sh")
 
 # -- dlock_etcd -----------------------------------------------------------------
 E = "dlock_etcd"

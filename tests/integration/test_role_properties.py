@@ -128,7 +128,8 @@ GOOD = {
                          dlock_runner_backend_password="", dlock_runner_ca_file=""),
     "dlock_jobs": dict(_role_defaults("dlock_jobs"), dlock_jobs_runner_bin="/usr/local/bin/dlock",
                        dlock_jobs_jobs_dir="/etc/dlock/jobs", dlock_jobs_group="dlock",
-                       dlock_jobs_password_path="/etc/dlock/pw", dlock_jobs_metrics_dir=""),
+                       dlock_jobs_password_path="/etc/dlock/pw", dlock_jobs_metrics_dir="",
+                       dlock_jobs_backend_url=""),
 }
 STRING_VARIABLES = sorted((role, name) for role, values in GOOD.items() for name, value in values.items()
                           if isinstance(value, str))

@@ -1,13 +1,17 @@
 """Self-fencing cannot be switched off by any accepted value.
 
 1. Arithmetic, over every option set Hypothesis can think of (NaN, infinity,
-   1e308, zero, huge and tiny values): either LockOptions refuses it, or the
-   deadlines keep the SIGKILL strictly before the earliest expiry.
+   1e308, zero, huge and tiny values) and every backend: either LockOptions
+   refuses it, or the deadlines keep the SIGKILL strictly before the earliest
+   expiry, which on a backend counting on its wall clock (Redis, PostgreSQL,
+   or a backend not known) is 2 x max_clock_skew earlier: a step of the
+   server's clock from -skew to +skew passes every clock check (issue 25).
 2. For real, over generated option sets: a runner holds a lease on a real
    redis-server, the server is frozen (SIGSTOP) while the job runs, and the
-   job must be dead before the earliest moment the lease could expire. That
-   moment is bounded from below by the job itself: right after it starts it
-   asks the server for the lease's PTTL, so expiry >= (time asked) + PTTL.
+   job must be dead before the earliest moment the lease could expire, had
+   the server's clock also stepped by 2 x max_clock_skew. That moment is
+   bounded from below by the job itself: right after it starts it asks the
+   server for the lease's PTTL, so expiry >= (time asked) + PTTL - 2 x skew.
 """
 
 from __future__ import annotations
@@ -41,17 +45,23 @@ ANY_SECONDS = st.one_of(
 
 @settings(max_examples=3000, deadline=None)
 @given(ttl=ANY_SECONDS, renew_every=ANY_SECONDS, kill_grace=ANY_SECONDS, op_timeout=ANY_SECONDS,
+       max_clock_skew=ANY_SECONDS, scheme=st.sampled_from([None, "redis", "rediss", "postgresql",
+                                                           "postgresql+advisory", "etcd", "file"]),
        sent=st.floats(min_value=0, max_value=1e7))
-def test_any_accepted_option_set_kills_before_the_lease_can_expire(ttl, renew_every, kill_grace, op_timeout, sent):
+def test_any_accepted_option_set_kills_before_the_lease_can_expire(ttl, renew_every, kill_grace, op_timeout,
+                                                                   max_clock_skew, scheme, sent):
     try:
         options = LockOptions(ttl=60.0 if ttl is None else ttl, renew_every=renew_every, kill_grace=kill_grace,
-                              op_timeout=op_timeout)
+                              op_timeout=op_timeout, max_clock_skew=max_clock_skew, scheme=scheme)
     except ConfigError:
         return
-    values = (options.ttl, options.renew_every, options.kill_grace, options.op_timeout, options.margin)
+    values = (options.ttl, options.renew_every, options.kill_grace, options.op_timeout, options.max_clock_skew,
+              options.margin)
     assert all(math.isfinite(v) for v in values)
     deadline = LeaseDeadline(options.ttl, options.margin, options.kill_grace, sent)
-    expiry = sent + options.ttl
+    # What a step of the server's wall clock within max_clock_skew can take off.
+    stepped = 2 * options.max_clock_skew if scheme in (None, "redis", "rediss", "postgresql") else 0.0
+    expiry = sent + options.ttl - stepped
     assert deadline.kill_by < expiry
     assert deadline.terminate_at <= deadline.kill_by
     # A renewal that is due, retried and bounded by op_timeout still lands
@@ -59,7 +69,7 @@ def test_any_accepted_option_set_kills_before_the_lease_can_expire(ttl, renew_ev
     assert sent + options.renew_every + options.op_timeout < deadline.terminate_at
     for renewed in (sent + options.renew_every, sent + 2 * options.renew_every):
         deadline.renewed(renewed)
-        assert deadline.kill_by < renewed + options.ttl
+        assert deadline.kill_by < renewed + options.ttl - stepped
 
 
 JOB = r"""
@@ -94,7 +104,8 @@ def option_sets(draw):
     ttl = draw(st.floats(min_value=1.0, max_value=3.0))
     return {"ttl": ttl, "renew_every": draw(st.floats(min_value=0.05, max_value=0.5)) * ttl,
             "kill_grace": draw(st.floats(min_value=0.0, max_value=0.3)) * ttl,
-            "op_timeout": draw(st.floats(min_value=0.02, max_value=0.2)) * ttl}
+            "op_timeout": draw(st.floats(min_value=0.02, max_value=0.2)) * ttl,
+            "max_clock_skew": draw(st.floats(min_value=0.0, max_value=0.1)) * ttl}
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
@@ -103,7 +114,7 @@ def test_with_a_frozen_backend_the_job_is_dead_before_the_earliest_expiry(frozen
     key = "fence-%d" % int(time.monotonic() * 1e6)
     as_flags = dict((name, "%dms" % max(1, int(seconds * 1000))) for name, seconds in values.items())
     try:
-        LockOptions.from_mapping(as_flags, "")
+        LockOptions.from_mapping(as_flags, "", "redis")
     except ConfigError:
         assume(False)  # rounding to whole milliseconds broke the budget: not this option set
     flags = [item for name, text in as_flags.items() for item in ("--" + name.replace("_", "-"), text)]
@@ -114,7 +125,9 @@ def test_with_a_frozen_backend_the_job_is_dead_before_the_earliest_expiry(frozen
         pidfd = os.pidfd_open(report["pid"])
         os.kill(frozen_redis.proc.pid, signal.SIGSTOP)
         try:
-            earliest_expiry = report["asked"] + report["pttl_ms"] / 1000.0
+            # Had the server's clock stepped -skew to +skew, the lease would end this much earlier.
+            stepped = 2 * int(as_flags["max_clock_skew"][:-2]) / 1000.0
+            earliest_expiry = report["asked"] + report["pttl_ms"] / 1000.0 - stepped
             ready = select.select([pidfd], [], [], max(0.0, earliest_expiry - time.monotonic()) + 5)[0]
             died = time.monotonic()
             assert ready, "the job outlived its lease by more than 5s"

@@ -147,7 +147,7 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     settings.metrics_dir = flags.get("metrics_dir") or global_cfg.get("metrics_dir")
 
     if job is None:
-        settings.options = LockOptions.from_mapping(_options_of(defaults, {}, flags), where)
+        settings.options = LockOptions.from_mapping(_options_of(defaults, {}, flags), where, parts.scheme)
         check_backend_ttl(settings.options.ttl, parts.scheme, "%s: ttl" % where)
         settings.key = validate.lock_key(flags["key"], "--key") if flags.get("key") else None
         return settings
@@ -158,7 +158,7 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
         settings.key = validate.lock_key(job_cfg["key"], "%s: key" % job_where)
     else:
         settings.key = validate.lock_key(job, "key (the job name)")
-    settings.options = LockOptions.from_mapping(_options_of(defaults, job_cfg, flags), job_where)
+    settings.options = LockOptions.from_mapping(_options_of(defaults, job_cfg, flags), job_where, parts.scheme)
     check_backend_ttl(settings.options.ttl, parts.scheme, "%s: ttl" % job_where)
     if "description" in job_cfg:
         validate.text(job_cfg["description"], "%s: description" % job_where, allow_empty=True)

@@ -7,6 +7,9 @@ clock-rate differences and for the scheduling of the kill, and kill the
 job strictly before it:
     SIGTERM at  expires - margin - kill_grace
     SIGKILL at  expires - margin
+The margin is LockOptions.margin (options.clock_margin): on Redis and
+PostgreSQL, whose servers count the TTL on their wall clock, it holds
+2 x max_clock_skew too, what a step of that clock can take off the lease.
 
 The clock is CLOCK_BOOTTIME: it keeps counting through a suspend of the
 machine, as the backend's TTL does; CLOCK_MONOTONIC (time.monotonic() on

@@ -43,3 +43,31 @@ def test_bad_entries_are_refused_with_the_job_named(jobs, message):
     with pytest.raises(AnsibleFilterError) as err:
         dlock_jobs(jobs)
     assert message in str(err.value)
+
+
+# Issue 25: the reproduction's options (ttl 5s, renew 4s, op 400ms, kill 300ms,
+# skew 1s) fit etcd, not a backend counting the lease on its wall clock.
+REPRO = dict(GOOD, ttl="5s", renew_every="4s", op_timeout="400ms", kill_grace="300ms", max_clock_skew="1s")
+
+
+@pytest.mark.parametrize("backend_url", ["redis://127.0.0.1:6379/0", "postgresql://dlock@db1/dlock", ""])
+def test_a_wall_clock_backend_or_an_unknown_one_counts_two_skews(backend_url):
+    with pytest.raises(AnsibleFilterError) as err:
+        dlock_jobs([REPRO], backend_url=backend_url)
+    assert "+ 2 x max_clock_skew (2s) = 6.8s must be below ttl (5s)" in str(err.value)
+    assert "dlock_jobs_list[0] (report)" in str(err.value)
+
+
+@pytest.mark.parametrize("backend_url", ["etcd://127.0.0.1:2379/dlock", "file:///var/lib/dlock"])
+def test_a_backend_without_a_server_wall_clock_does_not(backend_url):
+    [job] = dlock_jobs([REPRO], backend_url=backend_url)
+    assert job["file"]["ttl"] == "5s"
+
+
+def test_the_runner_defaults_count_in_a_job_s_rule():
+    """The runner merges its defaults under the job's options: so does the check."""
+    job = dict(GOOD, ttl="5s", renew_every="3900ms", op_timeout="400ms", kill_grace="300ms")
+    with pytest.raises(AnsibleFilterError):  # the engine's default skew for 5s: 250ms, 2 x = 500ms
+        dlock_jobs([job], backend_url="redis://127.0.0.1:6379/0")
+    [checked] = dlock_jobs([job], defaults={"max_clock_skew": "100ms"}, backend_url="redis://127.0.0.1:6379/0")
+    assert "max_clock_skew" not in checked["file"]  # the job file keeps the job's own options

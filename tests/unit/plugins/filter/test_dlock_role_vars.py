@@ -143,3 +143,27 @@ def test_ipv6_zones_are_refused(check):
         check("fe80::1%eth0", "f")
     with pytest.raises(ConfigError):
         check("fe80::1%25eth0", "f")
+
+
+GOOD_RUNNER = {"dlock_runner_backend_url": "redis://dlock@127.0.0.1:6379/0", "dlock_runner_backend_password": "x",
+               "dlock_runner_ca_file": "", "dlock_runner_config_dir": "/etc/dlock",
+               "dlock_runner_jobs_dir": "/etc/dlock/jobs", "dlock_runner_password_path": "/etc/dlock/pw",
+               "dlock_runner_install_dir": "/opt/dlock", "dlock_runner_bin": "/usr/local/bin/dlock",
+               "dlock_runner_python": "/usr/bin/python3", "dlock_runner_group": "dlock",
+               "dlock_runner_metrics_dir": "", "dlock_runner_install_driver": False,
+               "dlock_runner_defaults": {"ttl": "5s", "renew_every": "4s", "op_timeout": "400ms",
+                                         "kill_grace": "300ms", "max_clock_skew": "1s"}}
+
+
+@pytest.mark.parametrize("url, refused", [
+    ("redis://dlock@127.0.0.1:6379/0", True), ("postgresql://dlock@db1/dlock", True),
+    ("etcd://127.0.0.1:2379/dlock", False), ("file:///var/lib/dlock", False), ("", True), ("bogus://x", True),
+])
+def test_runner_defaults_pass_the_timing_rule_of_the_backend(url, refused):
+    """Issue 25: on Redis and PostgreSQL (and when the backend is not known) the
+    rule counts 2 x max_clock_skew; the reproduction's options no longer fit there."""
+    problems = role_problems(dict(GOOD_RUNNER, dlock_runner_backend_url=url), "dlock_runner")
+    rule = [p for p in problems if p.startswith("dlock_runner_defaults: ")]
+    assert bool(rule) == refused, problems
+    if refused:
+        assert "+ 2 x max_clock_skew (2s) = 6.8s must be below ttl (5s)" in rule[0]

@@ -41,11 +41,47 @@ def test_safety_rule_names_every_number():
         assert part in message
 
 
-def test_safety_rule_boundary():
+@pytest.mark.parametrize("scheme", ["etcd", "etcd+https", "file", "postgresql+advisory"])
+def test_safety_rule_boundary_without_a_server_wall_clock(scheme):
     margin = clock_margin(10)
-    LockOptions(ttl=10, renew_every=5, op_timeout=1, kill_grace=3.9 - margin)
+    LockOptions(ttl=10, renew_every=5, op_timeout=1, kill_grace=3.9 - margin, max_clock_skew=2, scheme=scheme)
     with pytest.raises(ConfigError):
-        LockOptions(ttl=10, renew_every=5, op_timeout=1, kill_grace=4 - margin)
+        LockOptions(ttl=10, renew_every=5, op_timeout=1, kill_grace=4 - margin, max_clock_skew=2, scheme=scheme)
+
+
+@pytest.mark.parametrize("scheme", ["redis", "rediss", "postgresql", None])
+def test_safety_rule_boundary_on_a_server_wall_clock_counts_two_skews(scheme):
+    """Redis and PostgreSQL's lease table (and a backend not known yet): a
+    step of the server's clock from -max_clock_skew to +max_clock_skew takes
+    2 x max_clock_skew off a live lease, so the budget and the deadline count it."""
+    margin = clock_margin(10, 0.5, wall_clock=True)
+    assert margin == clock_margin(10) + 1.0
+    options = LockOptions(ttl=10, renew_every=5, op_timeout=1, kill_grace=3.9 - margin, max_clock_skew=0.5,
+                          scheme=scheme)
+    assert options.margin == margin
+    with pytest.raises(ConfigError) as err:
+        LockOptions(ttl=10, renew_every=5, op_timeout=1, kill_grace=4 - margin, max_clock_skew=0.5, scheme=scheme)
+    assert "+ 2 x max_clock_skew (1s) =" in str(err.value)
+    assert "wall clock" in str(err.value)
+
+
+def test_the_reproduction_of_issue_25_is_refused_on_redis_and_postgresql():
+    # ttl 5s, renew 4s, op 400ms, kill 300ms and a 1s skew: 4.8s < 5s before; 6.8s now.
+    values = {"ttl": "5s", "renew_every": "4s", "op_timeout": "400ms", "kill_grace": "300ms", "max_clock_skew": "1s"}
+    LockOptions.from_mapping(values, "", "etcd")
+    for scheme in ("redis", "postgresql"):
+        with pytest.raises(ConfigError) as err:
+            LockOptions.from_mapping(values, "here", scheme)
+        assert str(err.value).startswith("here: renew_every (4s) + op_timeout (400ms) + kill_grace (300ms) + "
+                                         "clock margin (100ms) + 2 x max_clock_skew (2s) = 6.8s must be below ttl (5s)")
+
+
+@pytest.mark.parametrize("ttl", [1, 1.5, 2, 5, 11.5, 12, 30, 60, 600, 86400])
+@pytest.mark.parametrize("scheme", [None, "redis", "postgresql", "etcd", "file"])
+def test_derived_defaults_pass_the_rule_on_every_backend(ttl, scheme):
+    options = LockOptions(ttl=ttl, scheme=scheme)
+    assert options.max_clock_skew == min(2.0, ttl / 20.0)
+    assert LockOptions().max_clock_skew == 2.0 and LockOptions().ttl == 60
 
 
 @pytest.mark.parametrize("kwargs,fragment", [
