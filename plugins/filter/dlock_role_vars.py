@@ -386,6 +386,10 @@ TABLES = {
         "dlock_chrony_source_options": _empty_or(_source_options),
         "dlock_chrony_makestep_threshold": _number(0.001, 86400),
         "dlock_chrony_makestep_limit": _integer(1, 1000),
+        "dlock_chrony_slew_only": _boolean,
+        # ppm: at most half of the runners' 2% clock margin (the other half
+        # is for the rate of the runner host's own clock).
+        "dlock_chrony_maxslewrate": _number(1, 10000),
         "dlock_chrony_allow": _items(validate.network, max_items=256),
         "dlock_chrony_local_stratum": _integer(0, 15),
         "dlock_chrony_container_mode": _boolean,
@@ -605,6 +609,11 @@ def _chrony_rules(values):
                                                       or int(values["dlock_chrony_local_stratum"]) > 0):
         yield ("dlock_chrony_servers, dlock_chrony_pools: no time source; set one of them (or, for a host that "
                "only serves its own clock, dlock_chrony_local_stratum)")
+    if values.get("dlock_chrony_slew_only") is True:
+        for line in values.get("dlock_chrony_extra_config") or ():
+            if line.split()[:1] in (["makestep"], ["maxslewrate"], ["initstepslew"]):
+                yield ("dlock_chrony_extra_config: %s is not for a slew-only host (dlock_chrony_slew_only: the "
+                       "clock must never step while the backend serves leases)" % validate.shown(line))
 
 
 def _metrics_rules(values):

@@ -120,7 +120,8 @@ GOOD = {
                              dlock_postgresql_url_host="db1", dlock_postgresql_ha_name="db1",
                              dlock_postgresql_ha_address="", dlock_postgresql_ha_data_dir="/var/lib/pg/patroni",
                              dlock_postgresql_ha_etcd_endpoints=["http://10.0.0.1:2379"]),
-    "dlock_chrony": dict(_role_defaults("dlock_chrony"), dlock_chrony_container_mode=False),
+    "dlock_chrony": dict(_role_defaults("dlock_chrony"), dlock_chrony_container_mode=False,
+                         dlock_chrony_slew_only=False),
     "dlock_metrics": dict(_role_defaults("dlock_metrics"), dlock_metrics_textfile_dir="/var/lib/ne",
                           dlock_metrics_runner_bin="/usr/local/bin/dlock", dlock_metrics_group="dlock",
                           dlock_metrics_jobs_dir="/etc/dlock/jobs", dlock_metrics_password_path="/etc/dlock/pw"),
@@ -472,6 +473,8 @@ def chrony_settings(draw):
             st.floats(0.001, 86400, allow_nan=False), st.integers(1, 86400),
             st.from_regex(r"[0-9]{1,4}(\.[0-9]{1,6})?", fullmatch=True).filter(lambda v: float(v) >= 0.001))),
         "dlock_chrony_makestep_limit": draw(st.integers(1, 1000)),
+        "dlock_chrony_slew_only": draw(st.booleans()),
+        "dlock_chrony_maxslewrate": draw(st.one_of(st.floats(1, 10000, allow_nan=False), st.integers(1, 10000))),
         "dlock_chrony_allow": draw(st.lists(networks(), max_size=3)),
         "dlock_chrony_local_stratum": draw(st.integers(0, 15)),
         "dlock_chrony_container_mode": draw(st.booleans()),
@@ -506,6 +509,13 @@ def test_every_accepted_chrony_setting_renders_a_config_chronyd_reads(render, va
         + [("pool %s %s" % (p, options)).strip() for p in values["dlock_chrony_pools"]])
     assert [line for line in lines if line.startswith("allow ")] == [
         "allow " + network for network in values["dlock_chrony_allow"]]
+    # A slew-only host (a backend's) never steps: no makestep, a bounded slew.
+    steps = [line for line in lines if line.startswith("makestep ")]
+    slews = [line for line in lines if line.startswith("maxslewrate ")]
+    if values["dlock_chrony_slew_only"]:
+        assert steps == [] and len(slews) == 1 and float(slews[0].split()[1]) <= 10000
+    else:
+        assert len(steps) == 1 and slews == []
 
 
 USER_NAME = st.from_regex(r"[a-z_][a-z0-9_-]{0,20}", fullmatch=True).filter(lambda u: u != "root")
