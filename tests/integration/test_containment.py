@@ -166,3 +166,52 @@ def test_a_bad_dlock_cgroup_is_refused_before_anything_runs(value, tmp_path):
     assert "DLOCK_CGROUP" in done.stderr and "auto, off" in done.stderr, done.stderr
     assert not marker.exists()
     assert not (tmp_path / "locks").exists() or not os.listdir(str(tmp_path / "locks"))
+
+
+@pytest.mark.parametrize("containment", CONTAINMENTS)
+def test_a_file_lock_outlives_a_sigkilled_runner_until_its_job_is_dead(containment, unique_key, tmp_path):
+    """flock(2) goes with the last descriptor of its open file. It was the
+    runner's alone: SIGKILLed, its lock was free at once, and a waiting
+    runner started its job while the dead runner's job still ran, for as
+    long as the guard took to see the end and kill it (tens of ms, more on a
+    loaded host). The guard, stopped here, now holds a copy of the lock's
+    descriptor until it has killed the job."""
+    locks, ledger_a, ledger_b = "file://%s" % (tmp_path / "locks"), str(tmp_path / "a"), str(tmp_path / "b")
+    holder = start_dlock("run", "--job", "holder", "--key", unique_key, "--backend", locks,
+                         "--", *JOB.split(), "pidbeat", ledger_a, env=_env(containment))
+    waiter = guard = None
+    try:
+        wait_for(lambda: lines(ledger_a) or holder.poll() is not None, 20, "the holder's job to write")
+        assert holder.poll() is None, holder.communicate()[1]
+        waiter = start_dlock("run", "--job", "waiter", "--key", unique_key, "--backend", locks,
+                             "--on-contention", "wait", "--wait-timeout", "60s",
+                             "--", *JOB.split(), "interval", ledger_b, "0", env=_env(containment))
+        # The waiter's guard is forked first thing: it is starting, then asks every 10 ms.
+        wait_for(lambda: waiter.poll() is not None or _children(waiter.pid), 20, "the waiter to start")
+        (guard,) = _children(holder.pid)
+        os.kill(guard, signal.SIGSTOP)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        # While the guard is stopped, the holder's job runs on: 50 more beats
+        # of it (20 ms each), and the waiter, alive and asking, got nothing.
+        beats = len(lines(ledger_a))
+        wait_for(lambda: len(lines(ledger_a)) >= beats + 50 or os.path.exists(ledger_b), 20,
+                 "the holder's job to write on")
+        assert not os.path.exists(ledger_b), "the waiter's job ran while the dead holder's job still ran"
+        assert waiter.poll() is None, waiter.communicate()[1]
+        os.kill(guard, signal.SIGCONT)
+        stderr = waiter.communicate(timeout=30)[1]
+    finally:
+        if guard is not None and _alive(guard):
+            os.kill(guard, signal.SIGCONT)  # it ends the job, whatever failed here
+        for runner in (holder, waiter):
+            if runner is not None and runner.poll() is None:
+                runner.kill()
+                runner.wait(10)
+    assert (waiter.returncode, last_log(stderr)["result"]) == (0, "success"), stderr
+    wait_for(lambda: not any(_alive(r["pid"]) for r in lines(ledger_a)), 10, "the holder's job to end")
+    (started,) = lines(ledger_b)
+    assert max(r["t"] for r in lines(ledger_a)) < started["start"]
+    # The waiter's release freed the lock at once: no guard holds it any more.
+    again = run_dlock("run", "--job", "after", "--key", unique_key, "--backend", locks, "--", "true")
+    assert again.returncode == 0, again.stderr

@@ -9,9 +9,13 @@ child, so it cannot protect a shell's children; the guard can:
   leaves behind (a background process, a double fork, a `setsid` escape
   from the job's process group or session) is re-parented to it, not to
   init: every process the job started stays a descendant of the guard;
-- it holds the read end of a pipe whose only write end is the runner's:
+- it holds one end of a unix socket whose other end only the runner has:
   end of file means the runner is gone, whatever ended it (SIGKILL, a crash,
   the OOM killer), so the guard then kills all its descendants and exits;
+- it keeps what the backend says must outlive the runner until nothing of
+  the job is left (Backend.guard_fds: a file:// lock's descriptor, passed
+  over that socket when the job starts), so a lock the kernel drops with its
+  last descriptor is not freed by the runner's death while the job runs;
 - when the job ends by itself, the guard kills what the job left behind
   before it reports the job's status, so nothing of a run outlives its lease;
 - the job gets PR_SET_PDEATHSIG=SIGKILL towards the guard, in case the
@@ -31,12 +35,25 @@ grace period (15 ms here, the longest single step of a start); it is spent
 while the runner works, not after the grant, and so are the guard's own
 start and its import of ctypes. Forked before the runner has any thread,
 connection or flock, the guard inherits none of them.
+
+A lock's descriptor so comes to the guard after the grant, over the life
+socket (SCM_RIGHTS), before the job's command is written: from then on the
+guard, or the socket's queue while the message is in flight, holds the lock
+for as long as any of the job may run. The job's process was forked before
+(at prepare), so neither it nor anything it starts can inherit that
+descriptor. Forking the guard at the grant instead would be as simple but
+would put the guard's start and the cgroup move back after the grant.
 """
 
 import errno
 import os
 import select
 import signal
+import sys
+
+# The C module under `socket`: a unix socket pair and SCM_RIGHTS are all the
+# guard needs, and `import socket` (with selectors) costs every run ~3 ms.
+import _socket
 
 from .deadline import now
 
@@ -47,6 +64,10 @@ KILL_SECONDS = 5.0
 # Signals the guard survives: they are for the job (the runner forwards them to
 # its group; systemd sends SIGTERM to every process of the unit).
 IGNORED_BY_GUARD = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# Most descriptors one run passes to its guard (a backend has one lock a key):
+# the guard's receive buffer is sized for them, and more would be cut off.
+MAX_GUARD_FDS = 8
+_INT_BYTES = 4  # a C int, as SCM_RIGHTS carries descriptors
 
 
 def exit_status(returncode):
@@ -183,12 +204,13 @@ def _kill_tree(job_pid, cgroup, wake_r, status):
             except OSError:
                 pass
         select.select([wake_r], [], [], 0.01)  # SIGCHLD wakes it
-        _drain(wake_r)
+        drain(wake_r)
     killed.discard(job_pid)
     return status, len(killed)
 
 
-def _drain(fd):
+def drain(fd):
+    """Read a non-blocking wake-up pipe empty, so that it wakes no one again."""
     try:
         while os.read(fd, 512):
             pass
@@ -201,6 +223,42 @@ def _send(fd, text):
         os.write(fd, (text + "\n").encode("utf-8", "replace"))
     except OSError:
         pass  # the runner is gone
+
+
+def _send_fds(sock_fd, fds):
+    """Pass fds to the process at the other end of the unix socket sock_fd,
+    with one byte of data (SCM_RIGHTS: it gets its own descriptors of the
+    same open files). OSError when that process is gone."""
+    sock = _socket.socket(fileno=sock_fd)
+    try:
+        sock.sendmsg([b"f"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                               b"".join(fd.to_bytes(_INT_BYTES, sys.byteorder) for fd in fds))],
+                     _socket.MSG_NOSIGNAL)
+    finally:
+        sock.detach()  # the descriptor stays the caller's
+
+
+def _receive(sock_fd, kept):
+    """Read one message of the runner from the life socket; the descriptors it
+    carried are added to `kept`. False at end of file: the runner is gone, or
+    it ended the run."""
+    sock = _socket.socket(fileno=sock_fd)
+    try:
+        data, ancillary, _flags, _address = sock.recvmsg(
+            1, _socket.CMSG_SPACE(MAX_GUARD_FDS * _INT_BYTES), _socket.MSG_CMSG_CLOEXEC)
+    finally:
+        sock.detach()
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            usable = len(payload) - len(payload) % _INT_BYTES
+            kept.extend(int.from_bytes(payload[at:at + _INT_BYTES], sys.byteorder)
+                        for at in range(0, usable, _INT_BYTES))
+    return bool(data)
+
+
+def _close_all(fds):
+    while fds:
+        os.close(fds.pop())
 
 
 def _close_inherited(keep):
@@ -302,25 +360,27 @@ def _execvpe(argv, env):
     raise first or last
 
 
-def _await_exec(err_r, life_r):
+def _await_exec(err_r, life_r, kept):
     """Wait until the job's process execs the command: "started", or the
     line it wrote (its exec failed, or it was dismissed), or None when the
-    runner ended (or dismissed the job) first. The wake-up pipe is left
-    alone: a job that ends at once has its SIGCHLD there for the main loop."""
+    runner ended (or dismissed the job) first. Descriptors the runner passes
+    meanwhile go to `kept`. The wake-up pipe is left alone: a job that ends
+    at once has its SIGCHLD there for the main loop."""
     while True:
         readable = select.select([err_r, life_r], [], [])[0]
         if err_r in readable:
             said = _read_all(err_r).decode("utf-8", "replace").strip()
             return said or "started"
-        if life_r in readable and not os.read(life_r, 1):
+        if life_r in readable and not _receive(life_r, kept):
             return None
 
 
 def _guard(cgroup, spec_r, life_r, report_w):
     """Fork the job's process, wait for its exec, then for the job or for the
-    runner's end; kill what is left, report "exit STATUS KILLED". Never
-    returns: os._exit, so nothing of the runner's state (buffers, atexit)
-    runs twice."""
+    runner's end; kill what is left, let go of the descriptors the runner
+    passed (a lock), report "exit STATUS KILLED". Never returns: os._exit,
+    so nothing of the runner's state (buffers, atexit) runs twice."""
+    kept = []  # descriptors from the runner: closed only once nothing of the job is left
     try:
         os.setsid()
         prctl = _prctl()  # ctypes is imported here: forked before the runner has threads, while it works
@@ -344,10 +404,11 @@ def _guard(cgroup, spec_r, life_r, report_w):
             _job_process(guard_pid, cgroup, prctl, spec_r, err_w)
         os.close(spec_r)
         os.close(err_w)
-        said = _await_exec(err_r, life_r)
+        said = _await_exec(err_r, life_r, kept)
         if said != "started":
             os.kill(job_pid, signal.SIGKILL)  # not started: nothing of it may run
             os.waitpid(job_pid, 0)
+            _close_all(kept)
             if cgroup:
                 remove_cgroup(cgroup)
             if said is not None and said.startswith("error "):
@@ -358,11 +419,14 @@ def _guard(cgroup, spec_r, life_r, report_w):
         status = _reap(job_pid)[1]  # it may have ended already
         while status is None:
             readable = select.select([life_r, wake_r], [], [])[0]
-            _drain(wake_r)
+            drain(wake_r)
             status = _reap(job_pid)[1]
-            if life_r in readable and not os.read(life_r, 1):
+            if life_r in readable and not _receive(life_r, kept):
                 break  # the runner is gone, or ended the run: kill everything
         status, killed = _kill_tree(job_pid, cgroup, wake_r, status)
+        # Nothing of the job is left: the lock may go now. Before the report,
+        # so that the runner's release (after it) is the lock's last holder.
+        _close_all(kept)
         if cgroup:
             remove_cgroup(cgroup)
         _send(report_w, "exit %d %d" % (-1 if status is None else status, killed))
@@ -399,7 +463,8 @@ class Child(object):
     def _prepare(self, cgroup):
         self.cgroup = make_cgroup() if cgroup else None
         spec_r, spec_w = os.pipe()
-        life_r, life_w = os.pipe()
+        # A socket, not a pipe: it carries a lock's descriptor to the guard (start).
+        life_r, life_w = (end.detach() for end in _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM))
         report_r, report_w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -415,16 +480,25 @@ class Child(object):
         self.leftovers = 0
         self.trouble = None
 
-    def start(self, argv, env, cwd=None):
+    def start(self, argv, env, cwd=None, guard_fds=()):
         """Run argv (a list; env a dict; cwd or None) in the prepared job's
-        process. OSError or ValueError (as subprocess raises them) when it
-        cannot start; the guard is gone then."""
+        process. guard_fds: descriptors the guard keeps until nothing of the
+        job is left (Backend.guard_fds), whatever ends the runner. OSError or
+        ValueError (as subprocess raises them) when it cannot start; the
+        guard is gone then."""
         try:
             spec = _encode(argv, env, cwd)
+            if len(guard_fds) > MAX_GUARD_FDS:
+                raise ValueError("at most %d descriptors go to the guard" % MAX_GUARD_FDS)
         except ValueError:
             self.dismiss()
             raise
         try:
+            if guard_fds:
+                # Before the command, and when they cannot be passed (the guard
+                # died) no command at all: the job never runs unless the guard
+                # holds them.
+                _send_fds(self._life, guard_fds)
             while spec:  # the job's process reads as we write (a large environment fills the pipe)
                 spec = spec[os.write(self._spec, spec):]
         except OSError:

@@ -140,8 +140,9 @@ class Runner(object):
                    DLOCK_RUN_ID=self.record.get("run_id") or "")
         return env
 
-    def _spawn(self, env):
+    def _spawn(self, env, guard_fds=()):
         """(the job, the signal handlers it replaced), or (None, None).
+        guard_fds: what the job's guard keeps until the job is dead (Child.start).
 
         SIGTERM, SIGINT and SIGHUP are forwarded from before the job starts:
         one that comes while it starts is held and passed on once it runs
@@ -156,7 +157,7 @@ class Runner(object):
         previous = dict((sig, signal.signal(sig, forward)) for sig in FORWARDED_SIGNALS)
         try:
             job, self.job = self.job or Child.prepare(self.s.cgroup), None
-            job.start(self.s.command, env, self.s.working_directory)
+            job.start(self.s.command, env, self.s.working_directory, guard_fds)
             started.append(job)
         except (OSError, ValueError) as exc:
             self._restore_signals(previous)
@@ -170,7 +171,8 @@ class Runner(object):
         if now() >= deadline.terminate_at:  # a pause or a slow grant ate the lease before the job started
             self.record["reason"] = "the lease could expire before the job started; it was not started"
             return self._exit("lock_lost"), "lock_lost"
-        child, previous = self._spawn(self._job_env(self.record["fence"], self.owner))
+        child, previous = self._spawn(self._job_env(self.record["fence"], self.owner),
+                                      backend.guard_fds(self.s.key))
         if child is None:
             return 127, "failed"
         wake_r, wake_w = os.pipe()

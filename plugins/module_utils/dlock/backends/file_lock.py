@@ -1,6 +1,9 @@
 """flock(2) on a file in one directory: mutual exclusion on one host only.
 
-The kernel drops the lock when the holding process dies, so there is no TTL.
+The kernel drops the lock when the last descriptor of its open file closes,
+so there is no TTL: the runner holds one, and the job's guard a copy until
+nothing of the job is left (guard_fds), so a runner's death frees the lock
+only once its job is dead too.
 Waiters keep no line here: they try the flock every POLL seconds (a local
 system call), so among waiters the lock goes to whoever tries first after the
 release, as it would among processes blocked in flock(2), not by arrival.
@@ -170,6 +173,13 @@ class FileBackend(Backend):
 
     def renew(self, key, owner, ttl):
         return key in self._fds and self._read_state(key).get("owner") == owner
+
+    def guard_fds(self, key):
+        """The flock's descriptor: the guard's copy shares its open file, so the
+        lock stays taken until the guard has killed the job, even when the
+        runner dies first. The guard closes its copy before it reports the
+        job's end, so the release (after that report) still frees the lock."""
+        return (self._fds[key],) if key in self._fds else ()
 
     def release(self, key, owner, min_hold=0.0, last=None):
         fd = self._fds.pop(key, None)
