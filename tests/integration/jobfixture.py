@@ -5,6 +5,7 @@
   fenced LEDGER             every 50ms try a write to a fencing-token ledger until killed
   env FILE                  dump the DLOCK_* environment as JSON
   trap FILE                 on SIGTERM write "TERM" to FILE and exit 0 after 0.2s
+  stubborn FILE             append {"pid"} once started, {"term": t} on each SIGTERM, and run on until SIGKILLed
   phases FILE SECONDS       append {"phase": "start"}, sleep SECONDS, append {"phase": "end"}, exit 0
   pidbeat FILE              append {"pid", "t"} every 20ms until killed (a process of a job's tree)
 """
@@ -70,6 +71,11 @@ def main(mode, path, *rest):
         signal.signal(signal.SIGTERM, on_term)
         while True:
             time.sleep(0.05)
+    elif mode == "stubborn":
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: append(path, {"term": time.time()}))
+        append(path, {"pid": os.getpid()})
+        while True:
+            time.sleep(1)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import time
 
 from . import clock, report
 from .backends import Slot, open_backend
-from .child import Child, exit_status
+from .child import Child, drain, exit_status
 from .deadline import LeaseDeadline, now
 from .errors import BackendError, ClockUnsafe, DlockError
 from .heartbeat import Heartbeat
@@ -176,6 +176,7 @@ class Runner(object):
         if child is None:
             return 127, "failed"
         wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)  # drained after each wake-up (_watch)
         heartbeat = Heartbeat(backend, self.s.key, self.owner, self.o, deadline, wake_w)
         self.record["containment"] = child.containment
         heartbeat.start()
@@ -244,9 +245,19 @@ class Runner(object):
                 if current >= kill_at and not killed:
                     child.kill()
                     killed = True
-            events = [deadline.terminate_at, runtime_end] + ([kill_at] if kill_at and not killed else [])
-            timeout = min(min(events) - current, 1.0)
+            # Only deadlines still ahead: one passed would make every wait
+            # return at once, a busy loop for the whole kill_grace.
+            if reason is None:
+                events = [deadline.terminate_at, runtime_end]
+            elif not killed:
+                events = [kill_at]
+            else:
+                events = []  # killed: only the guard's report is left to wait for
+            timeout = min(events + [current + 1.0]) - current
             returncode = child.wait(timeout, wake_fd)
+            # The heartbeat writes here once, when the lease is lost: read, it
+            # must not wake every later wait (the loop would spin).
+            drain(wake_fd)
             # The clock before the job's status: a job that ended while we were
             # stopped may have outlived the lease.
             if self._missed(deadline, killed):
