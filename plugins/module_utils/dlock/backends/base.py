@@ -4,7 +4,7 @@ import math
 import time
 
 from .. import validate
-from ..errors import ConfigError
+from ..errors import ConfigError, DlockError
 
 
 def validate_key(key, field="key"):
@@ -26,6 +26,22 @@ def lease_ms(seconds, field="ttl", minimum=1.0, maximum=validate.MAX_DURATION):
         raise ConfigError("%s: %s is not a lease length from %gs to %s"
                           % (field, validate.shown(seconds), minimum, validate.format_duration(maximum)))
     return int(math.ceil(seconds * 1000))
+
+
+def grant_not_counted(error, undo):
+    """The error to raise for a grant whose outcome is unknown (its answer was
+    lost to a timeout or a broken connection, or its commit is not known to
+    be replicated), once undo() has run: the backend's owner-checked release
+    of whatever that grant may have written. The rule of every backend: such
+    a grant is no grant (the runner fails closed, exit 75, the job never
+    starts), and it is undone, else it would block every other runner, under
+    an owner nobody runs, until its TTL. undo() returns True when it freed
+    something of ours; if it fails as well, the lease ends at its TTL."""
+    try:
+        outcome = "what it wrote was released" if undo() else "nothing of it was left to release"
+    except DlockError as exc:
+        outcome = "releasing it failed (%s): the lease ends at its TTL" % exc
+    return error.__class__("%s; the grant is not counted and %s" % (error, outcome))
 
 
 class Slot(object):

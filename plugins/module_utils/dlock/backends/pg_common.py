@@ -16,10 +16,10 @@ import math
 import select
 import time
 
-from ..errors import AuthError, BackendError, DlockError, MissingDriver
+from ..errors import AuthError, BackendError, MissingDriver
 from ..validate import MAX_DURATION, backend_url
 from ..watchdog import Watchdog
-from .base import Backend, Grant, Holder, endpoint, lease_ms
+from .base import Backend, Grant, Holder, endpoint, grant_not_counted, lease_ms
 
 try:
     import psycopg
@@ -531,26 +531,24 @@ class PgBackend(Backend):
     # -- grants ---------------------------------------------------------------
     def _grant(self, grant, key, owner, slot):
         """Run grant(conn), the transaction that takes the lease. A grant whose
-        commit cannot be counted (CommitUnknown) is no grant: it is undone as
-        far as possible and raised as a BackendError, so the runner fails
-        closed (exit 75, the job never starts) and says why; a refusal would
-        pass for "another owner holds the lock"."""
+        commit cannot be counted (CommitUnknown) is no grant (base.grant_not_counted):
+        it is undone as far as possible and raised as a BackendError; a
+        refusal would pass for "another owner holds the lock"."""
         try:
             return self._run(grant, write=True)
         except CommitUnknown as exc:
-            raise CommitUnknown("%s; the grant is not counted and %s" % (exc, self._undo_grant(key, owner, slot)))
+            raise grant_not_counted(exc, lambda: self._undo_grant(key, owner, slot))
 
     def _undo_grant(self, key, owner, slot):
-        """Best-effort release of a grant we do not count; says what became of it.
+        """Release a grant we do not count; True when something of it was ours.
 
         Safe because it is owner-checked: it frees only a lease row and a slot
         marker that carry our own random owner token, under which no job runs.
-        Without it, the row committed on the primary would block every other
-        runner until its TTL. It commits with synchronous_commit = local (this
-        transaction only) so it does not wait in turn for the missing standby:
-        freeing needs no replication to be safe, since whoever takes the lease
-        next must get its own grant replicated. If this release fails, or a
-        failover loses it, the lease still ends at its TTL."""
+        It commits with synchronous_commit = local (this transaction only) so
+        it does not wait in turn for the missing standby: freeing needs no
+        replication to be safe, since whoever takes the lease next must get
+        its own grant replicated. If a failover loses it, the lease still
+        ends at its TTL."""
         def undo(conn):
             with conn.transaction():
                 conn.execute("SET LOCAL synchronous_commit = local")
@@ -558,11 +556,7 @@ class PgBackend(Backend):
                 if slot is not None:
                     released = conn.execute(UNDO_SLOT, (key, slot.number, owner)).rowcount > 0 or released
             return released
-        try:
-            released = self._run(undo)
-        except DlockError as exc:
-            return "releasing it failed (%s): the lease ends at its TTL" % exc
-        return "what it wrote was released" if released else "nothing of it was left to release"
+        return self._run(undo)
 
     # -- shared queries -----------------------------------------------------
     def server_time(self):

@@ -6,6 +6,7 @@ tag keeps one lock's keys in one cluster slot):
   dlock:{KEY}:lease   hash owner, fence, acquired_ms (expires with the lease)
   dlock:{KEY}:fence   counter, never expires (fences grow across restarts with AOF)
   dlock:{KEY}:slot:N  once-per marker of slot N
+  dlock:{KEY}:void:OWNER  a grant of OWNER undone before it ran (expires with its ttl)
   dlock:{KEY}:last    JSON of the last finished run
   dlock:{KEY}:queue   waiters in arrival order (sorted set: owner -> place number)
   dlock:{KEY}:tickets the same waiters' ticket expiries (sorted set: owner -> ms)
@@ -24,7 +25,7 @@ import time
 from ..errors import AuthError, BackendError, MissingDriver
 from ..slots import SLOT_TRIES
 from ..validate import MAX_DURATION
-from .base import Backend, Grant, Holder, endpoint, lease_ms
+from .base import Backend, Grant, Holder, endpoint, grant_not_counted, lease_ms
 
 try:
     import redis
@@ -72,19 +73,21 @@ local function wake_first(q, t, now, channel)
 end
 """
 
-# KEYS[5], the slot marker, is passed only with once_per: an ACL limited to
+# KEYS[5]: the grant's void marker (UNDO_GRANT). KEYS[6], the slot marker, is
+# passed only with once_per: an ACL limited to
 # ~dlock:* refuses any other key name, the empty one included. With ARGV[4]
 # (the slot width, ms) the slot must be the server's current one (slots.py's
 # slot_number on TIME), else the answer names it and the caller asks again.
 # A free lock goes to the first live ticket in line, or to anyone when nobody
 # waits.
 ACQUIRE = _NOW + _QUEUE + """
-if KEYS[5] and ARGV[4] then
+if redis.call('EXISTS', KEYS[5]) == 1 then return {'void'} end
+if KEYS[6] and ARGV[4] then
   local current = math.floor(now / tonumber(ARGV[4]) + 0.5)
   if current ~= tonumber(ARGV[5]) then return {'moved', string.format('%d', current)} end
 end
-if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1 then
-  return {'duplicate', redis.call('GET', KEYS[5])}
+if KEYS[6] and redis.call('EXISTS', KEYS[6]) == 1 then
+  return {'duplicate', redis.call('GET', KEYS[6])}
 end
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'acquired_ms')
 if lease[1] then
@@ -100,11 +103,40 @@ end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, 'acquired_ms', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if KEYS[5] then
-  redis.call('SET', KEYS[5], ARGV[1], 'PX', ARGV[3])
+if KEYS[6] then
+  redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[3])
 end
 return {'granted', fence}
 """
+
+# Undo a grant whose answer was lost (KEYS: lease, void marker, queue,
+# tickets[, slot marker]; ARGV: owner, void ttl ms, wake channel). Owner-checked:
+# it frees only the lease and the slot marker that carry our owner token, so
+# what stays is what a grant that never ran leaves, but for the fence counter
+# (fences only have to grow: a number skipped is harmless). The grant may
+# also still be on its way (queued behind a slow command, on a connection we
+# gave up on): the void marker makes it refuse when it comes, whichever of the
+# two runs first.
+UNDO_GRANT = _NOW + _QUEUE + """
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+local undone = 0
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  undone = 1
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    wake_first(KEYS[3], KEYS[4], now, ARGV[3])
+  end
+end
+if KEYS[5] and redis.call('GET', KEYS[5]) == ARGV[1] then
+  redis.call('DEL', KEYS[5])
+  undone = 1
+end
+return undone
+"""
+
+# Tries of UNDO_GRANT, each within op_timeout: a server slow enough to lose
+# the grant's answer gets as long again, and more, to answer the undo.
+UNDO_TRIES = 3
 
 # Take the place after the last live ticket, or keep ours; both sorted sets
 # vanish when no waiter renews for a ticket's life.
@@ -174,6 +206,20 @@ def _keys(key):
     return base + "lease", base + "fence", base + "last"
 
 
+def _void(key, owner):
+    """The marker that makes a grant of owner's that comes late refuse."""
+    return "dlock:{%s}:void:%s" % (key, owner)
+
+
+def _slot_marker(key, slot):
+    return "dlock:{%s}:slot:%d" % (key, slot.number)
+
+
+class NoAnswer(BackendError):
+    """A request sent with no answer (a timeout, a lost connection): it may
+    or may not have run on the server."""
+
+
 def _queue(key):
     """The line of waiters (queue, tickets) and the channel that wakes them."""
     base = "dlock:{%s}:" % key
@@ -215,6 +261,8 @@ class RedisBackend(Backend):
             if "WRONGPASS" in str(exc) or "NOAUTH" in str(exc):
                 raise AuthError("redis: authentication failed (%s)" % exc)
             raise BackendError("redis: %s" % exc)
+        except (redis.TimeoutError, redis.ConnectionError) as exc:
+            raise NoAnswer("redis: %s" % (exc or exc.__class__.__name__))
         except redis.RedisError as exc:
             raise BackendError("redis: %s" % (exc or exc.__class__.__name__))
 
@@ -224,13 +272,19 @@ class RedisBackend(Backend):
 
     def acquire(self, key, owner, ttl, slot=None):
         for _try in range(SLOT_TRIES):
-            reply = self._acquire(key, owner, ttl, slot)
+            try:
+                reply = self._acquire(key, owner, ttl, slot)
+            except NoAnswer as exc:
+                raise grant_not_counted(exc, lambda: self._undo_grant(key, owner, ttl, slot))
             if reply[0] != "moved":
                 break
             slot.number = int(reply[1])  # the server's slot: ask again for that one
         else:
             raise BackendError("redis: the slot kept moving during the grant of %s (once_per too short?)" % key)
         status = reply[0]
+        if status == "void":  # the same owner asks again after an undone grant (the module's retries)
+            raise BackendError("redis: a grant of %s to %s was undone (its answer was lost); that owner gets no "
+                               "grant of it until the ttl of the undone grant has passed" % (key, owner))
         if status == "granted":
             return Grant("granted", fence=int(reply[1]))
         if status == "duplicate":
@@ -245,13 +299,25 @@ class RedisBackend(Backend):
     def _acquire(self, key, owner, ttl, slot):
         lease, fence, _last = _keys(key)
         queue, tickets, _channel = _queue(key)
-        keys, args = [lease, fence, queue, tickets], [owner, lease_ms(ttl), 0]
+        keys, args = [lease, fence, queue, tickets, _void(key, owner)], [owner, lease_ms(ttl), 0]
         if slot is not None:
-            keys.append("dlock:{%s}:slot:%d" % (key, slot.number))
+            keys.append(_slot_marker(key, slot))
             args[2] = lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION)
             if slot.width is not None:
                 args += [lease_ms(slot.width, "once_per"), slot.number]
         return self._script(ACQUIRE, keys, args)
+
+    def _undo_grant(self, key, owner, ttl, slot):
+        """UNDO_GRANT, tried UNDO_TRIES times while it gets no answer; True
+        when it freed something of ours."""
+        queue, tickets, channel = _queue(key)
+        keys = [_keys(key)[0], _void(key, owner), queue, tickets] + ([_slot_marker(key, slot)] if slot else [])
+        for attempt in range(UNDO_TRIES):
+            try:
+                return self._script(UNDO_GRANT, keys, [owner, lease_ms(ttl), channel]) == 1
+            except NoAnswer:
+                if attempt == UNDO_TRIES - 1:
+                    raise
 
     def renew(self, key, owner, ttl):
         return self._script(RENEW, [_keys(key)[0]], [owner, lease_ms(ttl)]) == 1
