@@ -80,7 +80,7 @@ RUN_LOCK_FLAGS = ("lock options (override the job file)", (
     ("--once-per", {"metavar": "DUR", "help": "run at most once per slot of this width"}),
     ("--max-runtime", {"metavar": "DUR", "help": "terminate the job after this long"}),
     ("--kill-grace", {"metavar": "DUR", "help": "SIGTERM to SIGKILL delay (default min(10s, ttl/5))"}),
-    ("--max-clock-skew", {"metavar": "DUR", "help": "refuse beyond this offset (default 2s)"}),
+    ("--max-clock-skew", {"metavar": "DUR", "help": "refuse beyond this offset (default min(2s, ttl/20))"}),
     ("--op-timeout", {"metavar": "DUR", "help": "one backend call's bound (default min(2s, ttl/10))"}),
     ("--fail-open", {"action": "store_const", "const": True,
                      "help": "run WITHOUT a lock when the backend or clock fails (loud; default: fail closed)"}),
