@@ -2,24 +2,17 @@
 # The whole test suite, from a fresh Debian 12 machine (as root):
 #   bash scripts/test.sh
 # Installs what it needs (scripts/setup.sh) and the lab's node image, then
-# runs every stage below in lanes side by side, and fails if any stage fails
-# (pytest's "no tests collected" included). Each stage prints its start and
-# its time as it happens; at the end, the budget table (scripts/budget.py):
-# each stage's seconds and checks, the site.yml rollouts and lab boots.
+# runs every nox session tagged full (noxfile.py: `nox -l` lists them) in
+# lanes side by side, and fails if any session fails (pytest's "no tests
+# collected" included). Each session prints its start and its time as it
+# happens; at the end, the budget table (scripts/budget.py): each session's
+# seconds and checks, the site.yml rollouts and the lab boots.
 #
-# Why lanes: the lab stages mostly wait (boots, SSH round trips, timers,
+# Why lanes: the lab sessions mostly wait (boots, SSH round trips, timers,
 # the fault tests' runs, elections), the engine's tests wait on their real
 # servers, and only rollouts and the static checks keep a core busy. On two
 # cores, five lanes side by side take about as long as the longest lane.
-# The static checks run niced: nothing there is timed, while the lab's
-# fault tests and the engine's heartbeat tests have time bounds.
-#   checks:   version matrix, ansible-test sanity and units, promtool, ansible-lint
-#   engine:   pytest tests/unit tests/integration (real servers on loopback), then molecule redis
-#   fleet:    the session lab dlkt (site.yml on Redis then PostgreSQL, TLS, check mode, containment)
-#   ha:       the etcd lab dlke (etcd faults, Patroni faults, membership), then molecule postgresql
-#   molecule: the bare-hosts lab dlkb, then molecule etcd and postgresql-ha
-# Every stage of a lane runs even after one failed (one CI run shows every
-# failure); each lane's output is printed whole, in order, at the end.
+# Each lane's output is printed whole, in order, at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS=0
@@ -37,95 +30,68 @@ DLOCK_SUITE_COUNT=$(mktemp /tmp/dlock-suite-count.XXXXXX)
 export DLOCK_SUITE_COUNT
 trap 'rm -f "$DLOCK_SUITE_COUNT"' EXIT
 
-# run_stage NAME COMMAND...: runs one stage of the current lane ($LANE),
-# announces its start and its time on fd 3 (the suite's own output) as they
-# happen, and records its seconds, exit status and checks for the table.
-run_stage() {
-  local name=$1 start=$SECONDS rc=0 output
-  shift
+# The lanes: the nox sessions (noxfile.py) tagged full, each in one lane, in
+# order. A session missing here, or one that is not tagged full, stops the
+# suite before it starts (below).
+LANES=(checks engine fleet ha molecule)
+declare -A LANE_SESSIONS=(
+  [checks]="matrix sanity units lint"
+  [engine]="integration release molecule(redis)"
+  [fleet]="lab-single"
+  [ha]="lab-cluster molecule(postgresql)"
+  [molecule]="lab-bare molecule(etcd) molecule(postgresql-ha)"
+)
+# Niced: nothing in the static checks is timed, while the lab's fault tests
+# and the engine's heartbeat tests have time bounds.
+declare -A LANE_NICE=([checks]=15)
+
+full=$(nox -l -t full --json 2>/dev/null | python3 -c 'import json, sys; print(" ".join(sorted(s["session"] for s in json.load(sys.stdin))))')
+planned=$(for lane in "${LANES[@]}"; do printf '%s\n' ${LANE_SESSIONS[$lane]}; done | LC_ALL=C sort | tr '\n' ' ')
+if [[ "$full" != "${planned% }" ]]; then
+  echo "=== FAILED: the lanes run [${planned% }] but noxfile.py tags [$full] full" >&2
+  exit 1
+fi
+
+# run_session SESSION: one stage of the current lane ($LANE): nox -s
+# SESSION, its start and its time announced on fd 3 (the suite's own
+# output) as they happen, its seconds, exit status and checks recorded for
+# the table. In the lab sessions every ansible-playbook run is counted (the
+# callback appends a line to DLOCK_SUITE_COUNT; lab.py counts its boots).
+run_session() {
+  local session=$1 start=$SECONDS rc=0 output env=()
   output=$(mktemp /tmp/dlock-stage.XXXXXX)
-  echo "=== [$LANE] started: $name" >&3
-  printf '\n=== %s\n' "$name"
-  DLOCK_SUITE_STAGE=$name "$@" 2>&1 | tee "$output" || rc=$?
-  echo "=== $name: $((SECONDS - start))s (exit $rc)"
-  echo "=== [$LANE] $name: $((SECONDS - start))s (exit $rc)" >&3
-  python3 scripts/budget.py stage --name "$name" --lane "$LANE" --seconds $((SECONDS - start)) --rc "$rc" \
+  case $session in
+    lab-* | molecule*) env=(ANSIBLE_CALLBACK_PLUGINS="$PWD/tests/budget/callback_plugins"
+                            ANSIBLE_CALLBACKS_ENABLED=dlock_suite_count) ;;
+  esac
+  echo "=== [$LANE] started: $session" >&3
+  printf '\n=== %s\n' "$session"
+  env "${env[@]}" DLOCK_SUITE_STAGE="$session" nice -n "${LANE_NICE[$LANE]:-0}" nox -s "$session" 2>&1 \
+    | tee "$output" || rc=$?
+  echo "=== $session: $((SECONDS - start))s (exit $rc)"
+  echo "=== [$LANE] $session: $((SECONDS - start))s (exit $rc)" >&3
+  python3 scripts/budget.py stage --name "$session" --lane "$LANE" --seconds $((SECONDS - start)) --rc "$rc" \
     --output "$output"
   rm -f "$output"
   return "$rc"
 }
 
-# In the lab stages every ansible-playbook run is counted (the callback
-# appends a line to DLOCK_SUITE_COUNT; lab.py counts its boots there too).
-lab_stage() {
-  ANSIBLE_CALLBACK_PLUGINS="$PWD/tests/budget/callback_plugins" \
-  ANSIBLE_CALLBACKS_ENABLED=dlock_suite_count \
-    run_stage "$@"
-}
-
-HA_LAB_TESTS=(tests/lab/test_etcd_faults.py tests/lab/test_pg_faults.py tests/lab/test_etcd_members.py)
-BARE_LAB_TESTS=(tests/lab/test_bare_hosts.py)
-LAB_PYTEST=(pytest -p no:cacheprovider --durations=15)
-
-lane_checks() {
-  local rc=0
-  run_stage "pytest: module, action plugin and filter on ansible-core 2.18 and 2.21 (scripts/matrix.sh)" \
-    nice -n 15 bash scripts/matrix.sh || rc=1
-  run_stage "ansible-test sanity (every test that applies, no ignore file)" \
-    nice -n 15 bash scripts/ansible-test.sh sanity || rc=1
-  run_stage "ansible-test units (module, action plugin, engine; every Python found)" \
-    nice -n 15 bash scripts/ansible-test.sh units || rc=1
-  run_stage "promtool: the shipped alert rules (check rules, test rules)" \
-    bash -c 'promtool check rules roles/dlock_metrics/files/dlock.rules.yml &&
-             cd roles/dlock_metrics/files && promtool test rules dlock.rules.test.yml' || rc=1
-  run_stage "ansible-lint --profile production" nice -n 15 ansible-lint || rc=1
+# Every session of a lane runs even after one failed: one CI run shows every failure.
+run_lane() {
+  local session rc=0
+  for session in ${LANE_SESSIONS[$LANE]}; do
+    run_session "$session" || rc=1
+  done
   return $rc
 }
 
-lane_engine() {
-  local rc=0
-  run_stage "pytest: unit and integration (real redis-server, PostgreSQL and etcd on loopback)" \
-    pytest --durations=15 tests/unit tests/integration || rc=1
-  lab_stage "molecule: redis (a backend node + 3 job nodes: Redis, chrony, the runner, the jobs, metrics)" \
-    molecule test -s redis || rc=1
-  return $rc
-}
-
-lane_fleet() {
-  local ignore=() test
-  for test in "${HA_LAB_TESTS[@]}" "${BARE_LAB_TESTS[@]}"; do ignore+=("--ignore=$test"); done
-  lab_stage "pytest: the lab fleet (systemd-nspawn nodes over SSH; site.yml on Redis and PostgreSQL; TLS; check mode)" \
-    "${LAB_PYTEST[@]}" tests/lab "${ignore[@]}"
-}
-
-lane_ha() {
-  local rc=0
-  lab_stage "pytest: the etcd lab (etcd: leader killed, partitioned, follower crashed; Patroni: primary crashed, partitioned, 3 leader changes, no sync standby; etcd members replaced and added)" \
-    "${LAB_PYTEST[@]}" "${HA_LAB_TESTS[@]}" || rc=1
-  lab_stage "molecule: postgresql (a backend node + 3 job nodes: one PostgreSQL server, chrony, the runner, metrics)" \
-    molecule test -s postgresql || rc=1
-  return $rc
-}
-
-lane_molecule() {
-  local rc=0
-  lab_stage "pytest: check mode on bare hosts (a lab of its own without the roles' packages)" \
-    "${LAB_PYTEST[@]}" "${BARE_LAB_TESTS[@]}" || rc=1
-  lab_stage "molecule: etcd (3 etcd members + 3 job nodes: the etcd backend over TLS, chrony and metrics)" \
-    molecule test -s etcd || rc=1
-  lab_stage "molecule: postgresql-ha (3 backend nodes: etcd and Patroni side by side, + 3 job nodes)" \
-    molecule test -s postgresql-ha || rc=1
-  return $rc
-}
-
-LANES=(checks engine fleet ha molecule)
 lane_logs=() lane_pids=() failed_lanes=()
 exec 3>&1
 python3 scripts/budget.py cpu
 for lane in "${LANES[@]}"; do
   lane_logs+=("$(mktemp "/tmp/dlock-lane-$lane.XXXXXX")")
   ( set -uo pipefail; start=$SECONDS status=0 LANE=$lane
-    "lane_$lane" || status=$?
+    run_lane || status=$?
     echo "=== lane $lane: $((SECONDS - start))s (exit $status)"; exit $status ) > "${lane_logs[-1]}" 2>&1 &
   lane_pids+=($!)
 done

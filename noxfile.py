@@ -1,0 +1,106 @@
+"""The test suite's named stages, as nox sessions.
+
+    nox -l                 # every session, with what it runs
+    nox -s lint            # one session
+    nox -t pr              # a developer's quick loop (about 15 minutes on two cores)
+    bash scripts/test.sh   # set-up on a fresh machine, then every session tagged full (what CI runs)
+
+Every session runs in the project's .venv (scripts/setup.sh makes it; nox
+makes no virtualenv of its own: python=False), so run nox from there:
+`.venv/bin/nox ...`. scripts/test.sh runs the `full` sessions in lanes side
+by side (its LANES) and refuses to start if a lane misses one or names one
+that is not tagged full.
+
+Where a new test goes, and how to run one test: tests/README.md.
+"""
+
+import glob
+
+import nox
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = []  # `nox` alone lists nothing to run: name a session (-s) or a tag (-t)
+
+PYTEST = ("pytest", "--durations=15")
+LAB_PYTEST = PYTEST + ("-p", "no:cacheprovider")
+CLUSTER_LAB_TESTS = ("tests/lab/test_etcd_faults.py", "tests/lab/test_pg_faults.py", "tests/lab/test_etcd_members.py")
+BARE_LAB_TESTS = ("tests/lab/test_bare_hosts.py",)
+
+
+@nox.session(python=False, tags=["pr", "full"])
+def lint(session):
+    """ansible-lint (production profile) and promtool on the shipped alert rules."""
+    session.run("ansible-lint", external=True)
+    session.run("promtool", "check", "rules", "roles/dlock_metrics/files/dlock.rules.yml", external=True)
+    with session.chdir("roles/dlock_metrics/files"):
+        session.run("promtool", "test", "rules", "dlock.rules.test.yml", external=True)
+
+
+@nox.session(python=False, tags=["full"])
+def sanity(session):
+    """ansible-test sanity: every test that applies, no ignore file."""
+    session.run("bash", "scripts/ansible-test.sh", "sanity", *session.posargs, external=True)
+
+
+@nox.session(python=False, tags=["full"])
+def units(session):
+    """ansible-test units: the module, the action plugin and the engine on every Python 3.9-3.13 found."""
+    session.run("bash", "scripts/ansible-test.sh", "units", *session.posargs, external=True)
+
+
+@nox.session(python=False, tags=["pr", "full"])
+def matrix(session):
+    """The module, action plugin and filter on ansible-core 2.18 and 2.21 (scripts/matrix.sh)."""
+    session.run("bash", "scripts/matrix.sh", external=True)
+
+
+@nox.session(python=False, tags=["pr", "full"])
+def integration(session):
+    """pytest tests/unit tests/integration: the engine against real redis-server, PostgreSQL and etcd on loopback,
+    the module through real ansible runs, the roles' preflight and templates, Hypothesis properties
+    (the published collection is the release session's)."""
+    args = session.posargs or ["tests/unit", "tests/integration", "--ignore=tests/integration/test_release.py"]
+    session.run(*PYTEST, *args, external=True)
+
+
+@nox.session(python=False, tags=["full"])
+def release(session):
+    """The collection as published: the built tarball through galaxy-importer, installed into an empty path,
+    the changelog (antsibull-changelog lint)."""
+    session.run(*PYTEST, "tests/integration/test_release.py", *session.posargs, external=True)
+
+
+@nox.session(name="lab-single", python=False, tags=["full"])
+def lab_single(session):
+    """The session lab dlkt (3 job nodes, a backend node): site.yml on Redis, then PostgreSQL; every slot once;
+    check mode on fresh hosts; bad input refused in preflight; TLS; containment under a unit."""
+    ignore = ["--ignore=" + path for path in CLUSTER_LAB_TESTS + BARE_LAB_TESTS]
+    session.run(*LAB_PYTEST, "tests/lab", *ignore, *session.posargs, external=True)
+
+
+@nox.session(name="lab-cluster", python=False, tags=["full"])
+def lab_cluster(session):
+    """The etcd lab dlke (3 backend nodes, 3 job nodes): etcd faults, Patroni faults on the same nodes, then the
+    membership procedures (destructive: last)."""
+    session.run(*LAB_PYTEST, *CLUSTER_LAB_TESTS, *session.posargs, external=True)
+
+
+@nox.session(name="lab-bare", python=False, tags=["full"])
+def lab_bare(session):
+    """Check mode of the whole rollout on a lab of its own (dlkb) whose hosts lack the roles' packages."""
+    session.run(*LAB_PYTEST, *BARE_LAB_TESTS, *session.posargs, external=True)
+
+
+@nox.session(python=False, tags=["full"])
+@nox.parametrize("scenario", [nox.param(name, id=name) for name in ("redis", "postgresql", "etcd", "postgresql-ha")])
+def molecule(session, scenario):
+    """molecule test -s SCENARIO: create, converge, idempotence, verify (pytest-testinfra), destroy."""
+    session.run("molecule", "test", "-s", scenario, external=True)
+
+
+@nox.session(python=False)
+def bench(session):
+    """The benchmarks under tests/bench (each prints its ratios, measured side by side in one run)."""
+    scripts = session.posargs or sorted(glob.glob("tests/bench/bench_*.py"))
+    for script in scripts:
+        session.run("python3", script, external=True)
