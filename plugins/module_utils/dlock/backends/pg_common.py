@@ -13,7 +13,10 @@ write counts only when its commit is known to be synchronously replicated
 
 import json
 import math
+import os
 import select
+import socket  # psycopg imports it anyway: no cost at start
+import threading
 import time
 
 from ..errors import AuthError, BackendError, MissingDriver
@@ -284,6 +287,14 @@ def _ms(seconds):
     return int(math.ceil(seconds * 1000))
 
 
+def shutdown_grace(op_timeout):
+    """How long past op_timeout a call may go on before its socket is shut
+    down: the time the cancel request gets to end it (a statement, a commit's
+    wait for the standby, which then answers with the warning that says the
+    commit is not replicated). Half the op_timeout, at most a second."""
+    return min(op_timeout / 2.0, 1.0)
+
+
 class PgBackend(Backend):
     """Connection handling, schema and the queries both PostgreSQL backends share."""
 
@@ -309,6 +320,11 @@ class PgBackend(Backend):
         # (severity, message, detail) of the notices of the current operation
         self._notices = []
         self._watchdog = Watchdog("dlock-pg-cancel")
+        self._grace = shutdown_grace(op_timeout)
+        # Held to shut a socket down and to close a connection: a socket is
+        # never shut down after its descriptor was closed, and maybe reused.
+        self._closing = threading.Lock()
+        self._shut = None  # the connection whose socket the last resort shut down
         self._listening = None  # the connection whose session LISTENs, while we wait
         self._pooled = False  # a LISTEN did not stick to our session (PgBouncer, transaction mode)
         self._woken = set()  # notifications ("KEY OWNER") not yet looked at
@@ -435,8 +451,33 @@ class PgBackend(Backend):
         except Exception:  # a closed connection, an unreachable server
             pass  # nothing more to do here: TCP timeouts and the caller's deadline remain
 
+    def _shut_down(self, conn):
+        """The last resort of op_timeout: shut the connection's socket down, so
+        the call waiting on it fails at once. A cancel request is acted on by
+        the server process; one that does not run (stopped, stuck in the
+        kernel on a hung disk) never acts on it, while its kernel still
+        acknowledges our packets (so neither the TCP user timeout nor the
+        keepalives end the wait). Shut down on a duplicate of libpq's
+        descriptor: the socket is shared, libpq's descriptor stays its own.
+        The connection is never used again (_bounded resets it)."""
+        with self._closing:
+            if conn.closed:
+                return
+            try:
+                sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+            except (psycopg.Error, OSError, ValueError):
+                return  # no socket left to shut down
+            try:
+                self._shut = conn
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already disconnected
+            finally:
+                sock.close()
+
     def _bounded(self, conn, fn):
-        """fn(conn), with a cancel request sent if it runs past op_timeout.
+        """fn(conn), with a cancel request sent if it runs past op_timeout,
+        and its socket shut down if it still runs a grace later (_shut_down).
 
         op_timeout is enforced by a cancel request from the client, not by
         statement_timeout: the server stops counting statement_timeout before
@@ -444,7 +485,9 @@ class PgBackend(Backend):
         standby, which with a strict synchronous setup and no standby lasts
         for ever. A cancel does end it: the commit is then acknowledged with
         a warning (see _commit_warning)."""
-        self._watchdog.arm(self.op_timeout, lambda: self._cancel(conn))
+        self._shut = None
+        self._watchdog.arm(self.op_timeout, lambda: self._cancel(conn),
+                           then=(self._grace, lambda: self._shut_down(conn)))
         del self._notices[:]
         try:
             if self.schema_first and not self._schema_ready:
@@ -488,6 +531,9 @@ class PgBackend(Backend):
         except psycopg.OperationalError as exc:
             self.reset()
             text = str(exc).strip() or exc.__class__.__name__
+            if self._shut is not None:
+                text = ("no answer within op_timeout (%gs), nor to the cancel request within %gs more; "
+                        "the connection was shut down (%s)" % (self.op_timeout, self._grace, text))
             if write:  # the connection was lost before or after the commit: nobody can tell
                 raise CommitUnknown("postgresql: the outcome of the write is unknown: %s" % text)
             raise BackendError("postgresql: %s" % text)
@@ -520,10 +566,11 @@ class PgBackend(Backend):
         self._listening = None
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # a stuck or broken connection: nothing left to save
-                pass
+            with self._closing:
+                try:
+                    conn.close()
+                except Exception:  # a stuck or broken connection: nothing left to save
+                    pass
 
     def close(self):
         self.reset()

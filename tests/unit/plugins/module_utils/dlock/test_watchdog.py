@@ -32,3 +32,19 @@ def test_a_slow_action_does_not_hold_up_disarm():
     assert dog.disarm() is True
     assert time.monotonic() - begun < 1.0
     release.set()
+
+
+def test_the_last_resort_comes_a_grace_after_the_action_unless_disarmed_first():
+    dog, calls, last = Watchdog(), [], threading.Event()
+    armed = time.monotonic()
+    dog.arm(0.02, lambda: calls.append("cancel"), then=(0.05, last.set))
+    assert last.wait(5)
+    assert time.monotonic() - armed >= 0.07 and calls == ["cancel"]
+    assert dog.disarm() is True
+    # Disarmed between the two: the last resort never runs, nor for the next arming.
+    fired, late = threading.Event(), []
+    dog.arm(0.01, fired.set, then=(0.2, lambda: late.append("shut down")))
+    assert fired.wait(5) and dog.disarm() is True
+    dog.arm(60, lambda: None)
+    time.sleep(0.4)  # past the disarmed last resort's time: nothing to wait on, it must not come
+    assert late == [] and dog.disarm() is False
