@@ -31,6 +31,7 @@ SCRIPTS = {
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "plugins", "module_utils"))
+from dlock.backends.pg_advisory import _holder_pids  # noqa: E402  (needs the path above)
 from dlock.child import _own_cgroup, make_cgroup, remove_cgroup  # noqa: E402  (needs the path above)
 
 
@@ -168,37 +169,36 @@ def test_a_bad_dlock_cgroup_is_refused_before_anything_runs(value, tmp_path):
     assert not (tmp_path / "locks").exists() or not os.listdir(str(tmp_path / "locks"))
 
 
-@pytest.mark.parametrize("containment", CONTAINMENTS)
-def test_a_file_lock_outlives_a_sigkilled_runner_until_its_job_is_dead(containment, unique_key, tmp_path):
-    """flock(2) goes with the last descriptor of its open file. It was the
-    runner's alone: SIGKILLed, its lock was free at once, and a waiting
-    runner started its job while the dead runner's job still ran, for as
-    long as the guard took to see the end and kill it (tens of ms, more on a
-    loaded host). The guard, stopped here, now holds a copy of the lock's
-    descriptor until it has killed the job."""
-    locks, ledger_a, ledger_b = "file://%s" % (tmp_path / "locks"), str(tmp_path / "a"), str(tmp_path / "b")
-    holder = start_dlock("run", "--job", "holder", "--key", unique_key, "--backend", locks,
+def _a_dead_holders_lock_waits_for_its_job(locks, containment, key, tmp_path, beats, while_stopped=lambda: None):
+    """Holder A runs a job that beats into a ledger, waiter B waits on the
+    same key; A's guard is stopped, A SIGKILLed. B's job must not start while
+    A's job writes on (`beats` more beats, of 20 ms each: longer than B takes
+    to look again), and once the guard is resumed B runs, after A's last
+    write. while_stopped() looks at the backend meanwhile."""
+    ledger_a, ledger_b = str(tmp_path / "a"), str(tmp_path / "b")
+    holder = start_dlock("run", "--job", "holder", "--key", key, "--backend", locks,
                          "--", *JOB.split(), "pidbeat", ledger_a, env=_env(containment))
     waiter = guard = None
     try:
         wait_for(lambda: lines(ledger_a) or holder.poll() is not None, 20, "the holder's job to write")
         assert holder.poll() is None, holder.communicate()[1]
-        waiter = start_dlock("run", "--job", "waiter", "--key", unique_key, "--backend", locks,
+        waiter = start_dlock("run", "--job", "waiter", "--key", key, "--backend", locks,
                              "--on-contention", "wait", "--wait-timeout", "60s",
                              "--", *JOB.split(), "interval", ledger_b, "0", env=_env(containment))
-        # The waiter's guard is forked first thing: it is starting, then asks every 10 ms.
+        # The waiter's guard is forked first thing: it is starting, then asks again and again.
         wait_for(lambda: waiter.poll() is not None or _children(waiter.pid), 20, "the waiter to start")
         (guard,) = _children(holder.pid)
         os.kill(guard, signal.SIGSTOP)
         holder.send_signal(signal.SIGKILL)
         holder.wait(10)
-        # While the guard is stopped, the holder's job runs on: 50 more beats
-        # of it (20 ms each), and the waiter, alive and asking, got nothing.
-        beats = len(lines(ledger_a))
-        wait_for(lambda: len(lines(ledger_a)) >= beats + 50 or os.path.exists(ledger_b), 20,
+        # While the guard is stopped, the holder's job runs on, and the
+        # waiter, alive and asking, got nothing.
+        written = len(lines(ledger_a))
+        wait_for(lambda: len(lines(ledger_a)) >= written + beats or os.path.exists(ledger_b), 20,
                  "the holder's job to write on")
         assert not os.path.exists(ledger_b), "the waiter's job ran while the dead holder's job still ran"
         assert waiter.poll() is None, waiter.communicate()[1]
+        while_stopped()
         os.kill(guard, signal.SIGCONT)
         stderr = waiter.communicate(timeout=30)[1]
     finally:
@@ -213,5 +213,34 @@ def test_a_file_lock_outlives_a_sigkilled_runner_until_its_job_is_dead(containme
     (started,) = lines(ledger_b)
     assert max(r["t"] for r in lines(ledger_a)) < started["start"]
     # The waiter's release freed the lock at once: no guard holds it any more.
-    again = run_dlock("run", "--job", "after", "--key", unique_key, "--backend", locks, "--", "true")
+    again = run_dlock("run", "--job", "after", "--key", key, "--backend", locks, "--", "true")
     assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.parametrize("containment", CONTAINMENTS)
+def test_a_file_lock_outlives_a_sigkilled_runner_until_its_job_is_dead(containment, unique_key, tmp_path):
+    """flock(2) goes with the last descriptor of its open file. It was the
+    runner's alone: SIGKILLed, its lock was free at once, and a waiting
+    runner started its job while the dead runner's job still ran, for as
+    long as the guard took to see the end and kill it (tens of ms, more on a
+    loaded host). The guard, stopped here, now holds a copy of the lock's
+    descriptor until it has killed the job. The waiter tries every 10 ms: 50
+    beats (1 s) leave it ample time."""
+    _a_dead_holders_lock_waits_for_its_job("file://%s" % (tmp_path / "locks"), containment, unique_key, tmp_path, 50)
+
+
+@pytest.mark.parametrize("containment", CONTAINMENTS)
+def test_an_advisory_lock_outlives_a_sigkilled_runner_until_its_job_is_dead(containment, pg_server, unique_key, tmp_path):
+    """A session's advisory lock goes with the session, which the server ends
+    when the connection closes, and the kernel closes it with the last
+    descriptor of its socket. That was the runner's alone: SIGKILLed, its
+    lock was free at once, as with file://. The guard, stopped here, now
+    holds a copy of the socket: the dead runner's session keeps the lock
+    until the guard has killed the job. The waiter is woken by no release
+    (nobody unlocked) and looks again at least every TICKET_REFRESH (1 s):
+    150 beats (3 s) leave it two looks."""
+    def the_dead_runners_session_holds_the_lock():
+        with pg_server.connect() as conn:
+            assert len(_holder_pids(conn, unique_key)) == 1
+    _a_dead_holders_lock_waits_for_its_job(pg_server.url(scheme="postgresql+advisory"), containment, unique_key,
+                                           tmp_path, 150, the_dead_runners_session_holds_the_lock)

@@ -13,9 +13,10 @@ child, so it cannot protect a shell's children; the guard can:
   end of file means the runner is gone, whatever ended it (SIGKILL, a crash,
   the OOM killer), so the guard then kills all its descendants and exits;
 - it keeps what the backend says must outlive the runner until nothing of
-  the job is left (Backend.guard_fds: a file:// lock's descriptor, passed
-  over that socket when the job starts), so a lock the kernel drops with its
-  last descriptor is not freed by the runner's death while the job runs;
+  the job is left (Backend.guard_fds: a file:// lock's descriptor, an
+  advisory lock's session socket, passed over that socket when the job
+  starts; the guard never reads or writes them), so a lock that goes with
+  its last descriptor is not freed by the runner's death while the job runs;
 - when the job ends by itself, the guard kills what the job left behind
   before it reports the job's status, so nothing of a run outlives its lease;
 - the job gets PR_SET_PDEATHSIG=SIGKILL towards the guard, in case the

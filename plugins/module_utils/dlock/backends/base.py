@@ -155,10 +155,11 @@ class Backend(object):
 
     def guard_fds(self, key):
         """Descriptors of this process that hold key's lock, which the job's
-        guard must keep until nothing of the job is left: a lock the kernel
-        drops with its last descriptor (a flock) would otherwise be freed by
-        the runner's death (SIGKILL) while the job still runs. None by
-        default: a lease on a server outlives the runner by its TTL."""
+        guard must keep until nothing of the job is left: a lock that goes
+        with its last descriptor (a flock; an advisory lock, with its
+        session's socket) would otherwise be freed by the runner's death
+        (SIGKILL) while the job still runs. None by default: a lease on a
+        server outlives the runner by its TTL."""
         return ()
 
     def release(self, key, owner, min_hold=0.0, last=None):

@@ -5,6 +5,13 @@ connection means a lost lock (renew() then says False and the runner fences
 at once). PgBouncer in transaction pooling breaks it: connect directly. The
 lease table still carries the fence, the holder and the last run.
 
+The session ends when the server sees its connection close, and the kernel
+closes a TCP connection with the last descriptor of its socket: the job's
+guard holds a copy of it (guard_fds), so a runner's death (SIGKILL, OOM kill)
+ends the session only once nothing of its job is left. A runner that closes
+its connection itself (release, a failed renewal) ends the session at once
+all the same: libpq's close sends Terminate on the shared socket.
+
 It does not survive a failover. An advisory lock lives in one server's memory
 and is never replicated: a standby promoted in place of the primary knows
 nothing of it, so a runner connecting there takes the same key at once, while
@@ -89,6 +96,20 @@ class PgAdvisoryBackend(PgBackend):
         except Exception:  # any failure of the session is the loss of the lock
             self.reset()
             return False
+
+    def guard_fds(self, key):
+        """The socket of the session that holds the lock. The guard only keeps
+        its copy, never reads or writes it (the protocol stream stays the
+        runner's alone); it closes it once the job is dead and before its
+        report, so the release, after that report, is the session's last
+        word. () when no session holds it (lost: the heartbeat fences)."""
+        conn = self._holding()
+        if conn is None:
+            return ()
+        try:
+            return (conn.fileno(),)
+        except Exception:  # no socket left: the session, and the lock with it, is gone
+            return ()
 
     def release(self, key, owner, min_hold=0.0, last=None):
         conn = self._holding()
