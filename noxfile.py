@@ -2,7 +2,7 @@
 
     nox -l                 # every session, with what it runs
     nox -s lint            # one session
-    nox -t pr              # a developer's quick loop (about 15 minutes on two cores)
+    nox -t pr              # a developer's quick loop: lint, matrix, quick (never what CI runs)
     bash scripts/test.sh   # set-up on a fresh machine, then every session tagged full (what CI runs)
 
 Every session runs in the project's .venv (scripts/setup.sh makes it; nox
@@ -54,7 +54,14 @@ def matrix(session):
     session.run("bash", "scripts/matrix.sh", external=True)
 
 
-@nox.session(python=False, tags=["pr", "full"])
+@nox.session(python=False, tags=["pr"])
+def quick(session):
+    """The integration session without the tests marked slow: the quick loop's share of it."""
+    args = session.posargs or ["tests/unit", "tests/integration", "--ignore=tests/integration/test_release.py"]
+    session.run(*PYTEST, "-m", "not slow", *args, external=True)
+
+
+@nox.session(python=False, tags=["full"])
 def integration(session):
     """pytest tests/unit tests/integration: the engine against real redis-server, PostgreSQL and etcd on loopback,
     the module through real ansible runs, the roles' preflight and templates, Hypothesis properties
