@@ -5,7 +5,7 @@
   fenced LEDGER             every 50ms try a write to a fencing-token ledger until killed
   env FILE                  dump the DLOCK_* environment as JSON
   trap FILE                 on SIGTERM write "TERM" to FILE and exit 0 after 0.2s
-  stubborn FILE             append {"pid"} once started, {"term": t} on each SIGTERM, and run on until SIGKILLed
+  stubborn FILE             append {"pid", "t"} every 20ms and {"term": t} on each SIGTERM, until SIGKILLed
   phases FILE SECONDS       append {"phase": "start"}, sleep SECONDS, append {"phase": "end"}, exit 0
   pidbeat FILE              append {"pid", "t"} every 20ms until killed (a process of a job's tree)
 """
@@ -72,10 +72,15 @@ def main(mode, path, *rest):
         while True:
             time.sleep(0.05)
     elif mode == "stubborn":
-        signal.signal(signal.SIGTERM, lambda _signum, _frame: append(path, {"term": time.time()}))
-        append(path, {"pid": os.getpid()})
+        # Written by the loop: the handler appending itself could wait for
+        # ever on the ledger's flock, held by the append it interrupted.
+        terms = []
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: terms.append(time.time()))
         while True:
-            time.sleep(1)
+            append(path, {"pid": os.getpid(), "t": time.time()})
+            while terms:
+                append(path, {"term": terms.pop(0)})
+            time.sleep(0.02)
 
 
 if __name__ == "__main__":

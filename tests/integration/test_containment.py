@@ -20,6 +20,7 @@ import time
 import pytest
 
 from runner_proc import last_log, lines, run_dlock, start_dlock, wait_for
+from test_pg_stopped_server import _server_process_of
 
 JOB = "%s %s" % (sys.executable, os.path.join(os.path.dirname(__file__), "jobfixture.py"))
 # sh -c scripts; L is the ledger. Each leaves two writers running.
@@ -169,22 +170,36 @@ def test_a_bad_dlock_cgroup_is_refused_before_anything_runs(value, tmp_path):
     assert not (tmp_path / "locks").exists() or not os.listdir(str(tmp_path / "locks"))
 
 
+def _holder_then_waiter(locks, key, tmp_path, holder_job, holder_options=(), env=None):
+    """Holder A (dlock run `holder_options`), its job the jobfixture mode
+    `holder_job` writing into tmp_path/a; once that job wrote, waiter B on the
+    same key (it waits; its job writes its start into tmp_path/b). Returns
+    (A, B, ledger_a, ledger_b); A is killed if B cannot be started."""
+    ledger_a, ledger_b = str(tmp_path / "a"), str(tmp_path / "b")
+    holder = start_dlock("run", "--job", "holder", "--key", key, "--backend", locks, *holder_options,
+                         "--", *JOB.split(), holder_job, ledger_a, env=env)
+    try:
+        wait_for(lambda: lines(ledger_a) or holder.poll() is not None, 20, "the holder's job to write")
+        assert holder.poll() is None, holder.communicate()[1]
+        waiter = start_dlock("run", "--job", "waiter", "--key", key, "--backend", locks,
+                             "--on-contention", "wait", "--wait-timeout", "60s",
+                             "--", *JOB.split(), "interval", ledger_b, "0", env=env)
+    except BaseException:
+        holder.kill()
+        holder.wait(10)
+        raise
+    return holder, waiter, ledger_a, ledger_b
+
+
 def _a_dead_holders_lock_waits_for_its_job(locks, containment, key, tmp_path, beats, while_stopped=lambda: None):
     """Holder A runs a job that beats into a ledger, waiter B waits on the
     same key; A's guard is stopped, A SIGKILLed. B's job must not start while
     A's job writes on (`beats` more beats, of 20 ms each: longer than B takes
     to look again), and once the guard is resumed B runs, after A's last
     write. while_stopped() looks at the backend meanwhile."""
-    ledger_a, ledger_b = str(tmp_path / "a"), str(tmp_path / "b")
-    holder = start_dlock("run", "--job", "holder", "--key", key, "--backend", locks,
-                         "--", *JOB.split(), "pidbeat", ledger_a, env=_env(containment))
-    waiter = guard = None
+    holder, waiter, ledger_a, ledger_b = _holder_then_waiter(locks, key, tmp_path, "pidbeat", env=_env(containment))
+    guard = None
     try:
-        wait_for(lambda: lines(ledger_a) or holder.poll() is not None, 20, "the holder's job to write")
-        assert holder.poll() is None, holder.communicate()[1]
-        waiter = start_dlock("run", "--job", "waiter", "--key", key, "--backend", locks,
-                             "--on-contention", "wait", "--wait-timeout", "60s",
-                             "--", *JOB.split(), "interval", ledger_b, "0", env=_env(containment))
         # The waiter's guard is forked first thing: it is starting, then asks again and again.
         wait_for(lambda: waiter.poll() is not None or _children(waiter.pid), 20, "the waiter to start")
         (guard,) = _children(holder.pid)
@@ -205,7 +220,7 @@ def _a_dead_holders_lock_waits_for_its_job(locks, containment, key, tmp_path, be
         if guard is not None and _alive(guard):
             os.kill(guard, signal.SIGCONT)  # it ends the job, whatever failed here
         for runner in (holder, waiter):
-            if runner is not None and runner.poll() is None:
+            if runner.poll() is None:
                 runner.kill()
                 runner.wait(10)
     assert (waiter.returncode, last_log(stderr)["result"]) == (0, "success"), stderr
@@ -244,3 +259,55 @@ def test_an_advisory_lock_outlives_a_sigkilled_runner_until_its_job_is_dead(cont
             assert len(_holder_pids(conn, unique_key)) == 1
     _a_dead_holders_lock_waits_for_its_job(pg_server.url(scheme="postgresql+advisory"), containment, unique_key,
                                            tmp_path, 150, the_dead_runners_session_holds_the_lock)
+
+
+ADVISORY_KILL_GRACE = 2.0
+
+
+def test_an_advisory_lock_outlives_a_failed_renewal_until_its_job_is_dead(pg_server, unique_key, tmp_path):
+    """A renewal that fails fences the job, but the session, and the lock
+    with it, must last until the job is dead. The runner closed the lock's
+    connection at once: its close sends Terminate on the socket (the guard's
+    copy keeps the socket, not the session), so the lock was free while the
+    runner still stopped its job for kill_grace. Here the holder's server
+    process is stopped: its renewal gets no answer within op_timeout (the
+    lock is lost: SIGTERM to a job that ignores it); the process is resumed
+    at once, the session alive. The waiter, in line, looks again at least
+    every TICKET_REFRESH (1 s) and must not start before the holder's job's
+    last write, kill_grace later."""
+    holder, waiter, ledger_a, ledger_b = _holder_then_waiter(
+        pg_server.url(scheme="postgresql+advisory"), unique_key, tmp_path, "stubborn",
+        ("--ttl", "20s", "--renew-every", "500ms", "--op-timeout", "500ms", "--kill-grace", "%gs" % ADVISORY_KILL_GRACE))
+    stopped = None
+    try:
+        def in_line():
+            with pg_server.connect() as conn:
+                return conn.execute("SELECT count(*) FROM dlock_wait WHERE key = %s", (unique_key,)).fetchone()[0]
+        wait_for(lambda: in_line() or waiter.poll() is not None, 20, "the waiter to join the line")
+        stopped = _server_process_of(pg_server, holder.pid)
+        os.kill(stopped, signal.SIGSTOP)
+        wait_for(lambda: any("term" in r for r in lines(ledger_a)) or holder.poll() is not None, 20,
+                 "the holder's job's SIGTERM (its renewal got no answer)")
+        termed = time.monotonic()
+        os.kill(stopped, signal.SIGCONT)
+        stopped = None
+        holder_stderr = holder.communicate(timeout=ADVISORY_KILL_GRACE + 20)[1]
+        ended = time.monotonic() - termed
+        waiter_stderr = waiter.communicate(timeout=30)[1]
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+        for runner in (holder, waiter):
+            if runner.poll() is None:
+                runner.kill()
+                runner.wait(10)
+    log = last_log(holder_stderr)
+    assert (holder.returncode, log["result"]) == (76, "lock_lost"), holder_stderr
+    assert "renew got no answer within op_timeout" in log["reason"], log
+    # kill_grace, then the guard's report and a release that does not wait on the server.
+    assert ended < ADVISORY_KILL_GRACE + 1.5, "the holder ended %.1fs after its job's SIGTERM" % ended
+    assert (waiter.returncode, last_log(waiter_stderr)["result"]) == (0, "success"), waiter_stderr
+    (started,) = lines(ledger_b)
+    last_write = max(r.get("t", r.get("term")) for r in lines(ledger_a))
+    assert last_write < started["start"], \
+        "the waiter's job started %.2fs before the holder's job's last write" % (last_write - started["start"])

@@ -8,9 +8,21 @@ lease table still carries the fence, the holder and the last run.
 The session ends when the server sees its connection close, and the kernel
 closes a TCP connection with the last descriptor of its socket: the job's
 guard holds a copy of it (guard_fds), so a runner's death (SIGKILL, OOM kill)
-ends the session only once nothing of its job is left. A runner that closes
-its connection itself (release, a failed renewal) ends the session at once
-all the same: libpq's close sends Terminate on the shared socket.
+ends the session only once nothing of its job is left. That copy cannot stop
+the runner itself from ending the session (libpq's close sends Terminate on
+the shared socket, a shutdown sends FIN on it), so the runner never closes,
+terminates or shuts down the connection that holds the lock while its job
+may still run: a renewal that fails, or gets no answer within op_timeout,
+makes the lock lost (the runner fences its job) and leaves the socket as it
+is (reset() stops using that connection, it does not close it); the
+connection is closed at release(), which the runner calls once the guard
+has reported that nothing of the job is left. A hung renewal is abandoned,
+never cut: its statement runs outside the watchdog (no cancel request, no
+shutdown), and the heartbeat stops waiting for it after op_timeout. So a
+renewal that fails while the session lives on (a server process stopped
+for a while) keeps the lock taken through kill_grace: no waiter is granted
+beside the job being stopped. A session that did end (a server restart,
+force-release's pg_terminate_backend) is gone whatever the runner does.
 
 It does not survive a failover. An advisory lock lives in one server's memory
 and is never replicated: a standby promoted in place of the primary knows
@@ -56,7 +68,9 @@ class PgAdvisoryBackend(PgBackend):
 
     def __init__(self, *args, **kwargs):
         PgBackend.__init__(self, *args, **kwargs)
-        self._lock_conn = None  # the connection whose session holds our lock
+        # The connection whose session holds our lock, from the grant to the
+        # release: never closed before (reset() only stops using it).
+        self._lock_conn = None
 
     def acquire(self, key, owner, ttl, slot=None):
         def grant(conn):
@@ -75,10 +89,16 @@ class PgAdvisoryBackend(PgBackend):
             except Refused as refused:
                 conn.execute(UNLOCK, {"id": lock_id(key), "key": key})
                 return self._refusal(conn, key, slot, refused.status)
-            self._lock_conn = conn
             return Grant("granted", fence=fence)
-        # A grant not counted (CommitUnknown) has dropped the connection, and the lock with it.
-        return self._grant(grant, key, owner, slot)
+        # Only a counted grant's session is the lock's: one not counted
+        # (CommitUnknown) has dropped its connection, and the lock with it. A
+        # counted one's connection is the one _run kept (none when the call
+        # ran past op_timeout: it was dropped, and the first renewal finds
+        # the lock lost).
+        granted = self._grant(grant, key, owner, slot)
+        if granted.granted:
+            self._lock_conn = self._conn
+        return granted
 
     def _holding(self):
         """The connection that holds our lock, or None once it is gone."""
@@ -88,14 +108,44 @@ class PgAdvisoryBackend(PgBackend):
         return conn
 
     def renew(self, key, owner, ttl):
+        """Whether our session still holds the lock. Not through _run: the
+        watchdog's last resort would shut the socket down, ending the session
+        while the job may still run. A renewal that hangs is abandoned by the
+        heartbeat instead (it stops waiting after op_timeout and reset()s,
+        which only stops using the connection); its thread may stay blocked
+        until the server answers or release() closes the connection."""
         conn = self._holding()
         if conn is None:
             return False
         try:
             return conn.execute("SELECT pg_backend_pid() = ANY(%s)", (_holder_pids(conn, key),)).fetchone()[0]
         except Exception:  # any failure of the session is the loss of the lock
-            self.reset()
+            if self._conn is conn:  # not a connection made since (a late answer of an abandoned renewal)
+                self.reset()
             return False
+
+    def reset(self):
+        """Stop using the current connection. The one that holds our lock is
+        left open, the lock lost (_holding() says None from now on): closing it
+        would end the session, and free the lock, while the runner is still
+        stopping its job. release() closes it."""
+        if self._conn is not None and self._conn is self._lock_conn:
+            self._listening = None
+            self._conn = None
+            return
+        PgBackend.reset(self)
+
+    def _close_lock_conn(self):
+        """Close the connection that holds, or held, our lock (one kept open
+        by reset() after the lock was lost): its session, and the lock if it
+        still holds it, ends now."""
+        conn, self._lock_conn = self._lock_conn, None
+        if conn is not None:
+            with self._closing:
+                try:
+                    conn.close()  # psycopg takes no lock here: an abandoned renewal does not hold it up
+                except Exception:  # a broken connection: nothing left to save
+                    pass
 
     def guard_fds(self, key):
         """The socket of the session that holds the lock. The guard only keeps
@@ -112,8 +162,11 @@ class PgAdvisoryBackend(PgBackend):
             return ()
 
     def release(self, key, owner, min_hold=0.0, last=None):
+        """Called once nothing of the job is left (after the guard's report):
+        from here on the connection may be shut down or closed."""
         conn = self._holding()
         if conn is None:
+            self._close_lock_conn()
             return False
         self._lock_conn = None
 
@@ -122,6 +175,10 @@ class PgAdvisoryBackend(PgBackend):
             conn.execute(UNLOCK, {"id": lock_id(key), "key": key})
             return released
         return self._run(release, write=True)
+
+    def close(self):
+        self.reset()
+        self._close_lock_conn()  # the run is over: still set only when no release() came
 
     def force_release(self, key):
         def force(conn):
