@@ -51,7 +51,10 @@ declare -A LANE_SESSIONS=(
 declare -A LANE_NICE=([checks]=15 [molecule]=8 [fleet]=4)
 
 full=$(nox -l -t full --json 2>/dev/null | python3 -c 'import json, sys; print(" ".join(sorted(s["session"] for s in json.load(sys.stdin))))')
-planned=$(for lane in "${LANES[@]}"; do printf '%s\n' ${LANE_SESSIONS[$lane]}; done | LC_ALL=C sort | tr '\n' ' ')
+planned=$(for lane in "${LANES[@]}"; do
+  read -ra sessions <<< "${LANE_SESSIONS[$lane]}"
+  printf '%s\n' "${sessions[@]}"
+done | LC_ALL=C sort | tr '\n' ' ')
 if [[ "$full" != "${planned% }" ]]; then
   echo "=== FAILED: the lanes run [${planned% }] but noxfile.py tags [$full] full" >&2
   exit 1
@@ -83,8 +86,9 @@ run_session() {
 
 # Every session of a lane runs even after one failed: one CI run shows every failure.
 run_lane() {
-  local session rc=0
-  for session in ${LANE_SESSIONS[$LANE]}; do
+  local session sessions rc=0
+  read -ra sessions <<< "${LANE_SESSIONS[$LANE]}"
+  for session in "${sessions[@]}"; do
     run_session "$session" || rc=1
   done
   return $rc
