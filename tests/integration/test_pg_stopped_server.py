@@ -17,6 +17,7 @@ import pytest
 from runner_proc import last_log, start_dlock, wait_for
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_advisory import _holder_pids
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_common import shutdown_grace
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError
 
@@ -131,3 +132,32 @@ def test_a_call_to_a_stopped_server_process_fails_within_op_timeout_and_grace(ca
         assert backend.conn.info.backend_pid != stopped
     finally:
         backend.close()
+
+
+def test_an_advisory_grant_whose_session_was_dropped_at_op_timeout_is_not_counted(pg_server, unique_key):
+    """A grant that answers just as op_timeout runs out: the watchdog has sent
+    its cancel request, so the connection is dropped (the cancel could land on
+    the next statement), and with it the session that holds an advisory lock.
+    Such a grant must not count: the job would run with no lock held until
+    the first renewal. The race is made certain here by having the watchdog
+    report that it fired; the rest (the grant, the drop, pg_locks) is real."""
+    backend = open_backend(pg_server.url(scheme="postgresql+advisory"), None, OP_TIMEOUT)
+    disarm = backend._watchdog.disarm
+    backend._watchdog.disarm = lambda: disarm() or True  # the cancel went out as the answer came
+    try:
+        with pytest.raises(BackendError) as raised:
+            backend.acquire(unique_key, "owner-late", 30.0)
+        assert "not counted" in str(raised.value), raised.value
+    finally:
+        backend._watchdog.disarm = disarm
+        backend.close()
+    with pg_server.connect() as admin:
+        assert _holder_pids(admin, unique_key) == []  # nobody holds the key's advisory lock
+        owner = admin.execute("SELECT owner FROM dlock_lease WHERE key = %s", (unique_key,)).fetchone()
+    assert owner is None or owner[0] is None, owner  # the grant's row was released, owner-checked
+    other = open_backend(pg_server.url(scheme="postgresql+advisory"), None, OP_TIMEOUT)
+    try:
+        assert other.acquire(unique_key, "owner-next", 30.0).granted
+    finally:
+        other.release(unique_key, "owner-next")
+        other.close()

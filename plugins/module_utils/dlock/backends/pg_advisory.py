@@ -36,7 +36,7 @@ count only once a synchronous standby has them.
 import hashlib
 
 from ..errors import BackendError
-from .base import Grant
+from .base import Grant, grant_not_counted
 from .pg_common import FORCE_RELEASE, NOTIFY_FIRST, PgBackend, Refused
 
 HOLDER_PIDS = """
@@ -97,6 +97,15 @@ class PgAdvisoryBackend(PgBackend):
         # the lock lost).
         granted = self._grant(grant, key, owner, slot)
         if granted.granted:
+            if self._conn is None:
+                # The answer came as op_timeout ran out: the cancel request
+                # went out, so _bounded dropped the connection, and the lock
+                # with its session. A grant whose lock is gone is no grant:
+                # counted, its job would run unlocked until the first renewal.
+                raise grant_not_counted(
+                    BackendError("postgresql: the grant answered only as op_timeout (%gs) ran out, and its session, "
+                                 "which held the lock, was dropped" % self.op_timeout),
+                    lambda: self._undo_grant(key, owner, slot))
             self._lock_conn = self._conn
         return granted
 
