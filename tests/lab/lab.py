@@ -233,6 +233,24 @@ def spawn_in_cgroup(name, argv, **popen_kwargs):
     return subprocess.Popen(["sh", "-c", joins + 'exec "$@"', "sh", *argv], **popen_kwargs)
 
 
+# Every node's systemd (and journald, udev-less as it is) takes inotify
+# instances of root's, the host's user: with the suite's labs side by side
+# (up to 25 nodes) the kernel's default of 128 ran out, and a node's systemd
+# exited at boot ("Failed to create control group inotify object: Too many
+# open files"). Raised, never lowered.
+INOTIFY_LIMITS = {"/proc/sys/fs/inotify/max_user_instances": 8192,
+                  "/proc/sys/fs/inotify/max_user_watches": 1048576}
+
+
+def raise_inotify_limits():
+    for path, wanted in INOTIFY_LIMITS.items():
+        with open(path) as handle:
+            current = int(handle.read())
+        if current < wanted:
+            with open(path, "w") as handle:
+                handle.write(str(wanted))
+
+
 def count_for_the_suite(record):
     """One JSON line in the file DLOCK_SUITE_COUNT names (scripts/test.sh
     sets it; scripts/budget.py counts the lab boots from it); nothing when
@@ -469,6 +487,7 @@ class Lab:
             if f.read().strip() != "0":
                 # Nodes route via the host: forwarding would let their traffic leave the machine.
                 raise LabError("net.ipv4.ip_forward is on; the lab needs it off so nodes stay isolated")
+        raise_inotify_limits()
         state = self._load_state()
         new_lab = not state["nodes"]
         if state["nodes"] and state["subnet"] != self.subnet:
