@@ -26,16 +26,21 @@ import sys
 
 ROLLOUT_PLAYBOOKS = ("site.yml", "converge.yml")
 
-# pytest's closing line: "==== 12 passed, 1 skipped in 3.41s ====" (also inside molecule's verify).
-PYTEST_SUMMARY = re.compile(r"^=+ (?P<counts>\d+ \w+.*?) in [\d.]+s(?: \([^)]*\))? =+$")
+# pytest's closing line: "==== 12 passed, 1 skipped in 3.41s ====", or without the
+# rules under -q; molecule frames its verify's output ("  │ ==== 78 passed in 151.74s").
+PYTEST_SUMMARY = re.compile(r"^(?:=+ )?(?P<counts>\d+ \w+.*?) in [\d.]+s(?: \([^)]*\))?(?: =+)?$")
+# Colours and terminal hyperlinks (molecule and ansible-lint write them even to a pipe).
+TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\x1b\]8;;[^\x1b]*\x1b\\")
+FRAME = " \t\u2502"  # molecule's frame around a command's output
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 OTHER_CHECKS = {
     "sanity tests": re.compile(r"^Running sanity test [\"'][^\"']+[\"']"),
-    "rule files": re.compile(r"^  SUCCESS: \d+ rules found$"),
+    "rule files": re.compile(r"^SUCCESS: \d+ rules found$"),
     "rule tests": re.compile(r"^Unit Testing: "),
-    "idempotence": re.compile(r"Idempotence completed successfully"),
+    # molecule's own line (its closing summary repeats it without the level).
+    "idempotence": re.compile(r"Idempotence completed successfully|^INFO\s.*idempotence: Executed: Successful"),
 }
-LINT = re.compile(r"^Passed: 0 failure\(s\), 0 warning\(s\) on (\d+) files")
+LINT = re.compile(r"^Passed: 0 failure\(s\), 0 warning\(s\) (?:on|in) (\d+) files")
 
 
 def cpu_times():
@@ -49,8 +54,9 @@ def cpu_times():
 def checks_in(text):
     """{what: count} of the checks an output reports having run."""
     counts = {}
-    for line in text.splitlines():
-        summary = PYTEST_SUMMARY.match(line.strip())
+    for line in TERMINAL_CODES.sub("", text).splitlines():
+        line = line.strip(FRAME)
+        summary = PYTEST_SUMMARY.match(line)
         if summary:
             for number, word in PYTEST_COUNT.findall(summary.group("counts")):
                 word = "error" if word.startswith("error") else word

@@ -81,7 +81,15 @@ def test_the_callback_counts_rollouts_check_mode_and_failures_per_stage(tmp_path
      {"failed": 2, "passed": 8, "error": 1}),
     ("Passed: 0 failure(s), 0 warning(s) on 212 files. Last profile that met the validation criteria was "
      "'production'.", {"lint files": 212}),
-    ("INFO     Idempotence completed successfully.", {"idempotence": 1}),
+    ("\x1b[32mPassed\x1b[0m: 0 failure(s), 0 warning(s) in 251 files processed of 279 encountered.",
+     {"lint files": 251}),
+    ("135 passed in 2.83s", {"passed": 135}),  # pytest -q
+    # molecule: its verify framed and coloured, its idempotence said twice (the step, the summary)
+    ("  \x1b[2m\u2502\x1b[0m ======================== 78 passed in 151.74s (0:02:31)\n"
+     "\x1b[36mINFO    \x1b[0m \x1b[32mredis\x1b[0m \u279c \x1b[33midempotence\x1b[0m: \x1b[32mExecuted: Successful\x1b[0m\n"
+     "\x1b[32mredis\x1b[0m \u279c \x1b[33midempotence\x1b[0m: \x1b[32mExecuted: Successful\x1b[0m",
+     {"passed": 78, "idempotence": 1}),
+    ("  SUCCESS: 12 rules found", {"rule files": 1}),
     ("collected 0 items\n=== no tests ran in 0.01s ===", {}),
 ])
 def test_the_checks_a_stage_ran_are_read_from_its_output(text, expected):
