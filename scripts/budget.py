@@ -15,7 +15,9 @@ lines land in it:
 `table` prints one row a stage and the totals: the rollouts of
 playbooks/site.yml (a molecule converge.yml imports it and counts as one),
 in check mode, and failing (the preflight tests' rollouts fail on purpose),
-and the labs and nodes booted.
+and the labs and nodes booted. Then, for each stage that failed, what failed
+(pytest's FAILED/ERROR lines, ansible's fatal lines, sanity's ERROR lines, or
+else the stage's last lines): the end of a CI log is what gets read.
 """
 
 import argparse
@@ -41,6 +43,11 @@ OTHER_CHECKS = {
     "idempotence": re.compile(r"Idempotence completed successfully|^INFO\s.*idempotence: Executed: Successful"),
 }
 LINT = re.compile(r"^Passed: 0 failure\(s\), 0 warning\(s\) (?:on|in) (\d+) files")
+# The lines that say what failed: pytest's short summary, ansible's failed tasks,
+# ansible-test's and ansible-lint's errors, molecule's and nox's verdicts.
+FAILURE = re.compile(r"^(?:FAILED |ERROR |ERROR: |fatal: |failed: |CRITICAL |nox > Session .* failed)")
+FAILURES_KEPT = 25  # a stage's failure lines shown at most
+LAST_LINES = 15  # shown when a failed stage's output has none of those lines
 
 
 def cpu_times():
@@ -70,6 +77,17 @@ def checks_in(text):
             if pattern.search(line):
                 counts[what] = counts.get(what, 0) + 1
     return counts
+
+
+def failures_in(text):
+    """The lines of a failed stage's output that say what failed (its last lines if none does)."""
+    lines = [line.strip(FRAME) for line in TERMINAL_CODES.sub("", text).splitlines()]
+    failures = [line[:300] for line in lines if FAILURE.match(line)]
+    if not failures:
+        return [line[:300] for line in lines if line.strip()][-LAST_LINES:]
+    if len(failures) > FAILURES_KEPT:
+        failures = failures[:FAILURES_KEPT] + ["... and %d more" % (len(failures) - FAILURES_KEPT)]
+    return failures
 
 
 def append(record):
@@ -136,6 +154,10 @@ def table(records):
     print("site.yml rollouts: %d full, %d in check mode, %d failing (on purpose: preflight tests); "
           "%d other playbook runs; labs booted: %d (%d nodes)"
           % (totals["rollouts"], totals["check"], totals["failing"], totals["other"], totals["labs"], totals["nodes"]))
+    for stage in stages:
+        if stage["rc"]:
+            print("\n=== what failed in %s (exit %d):" % (stage["name"], stage["rc"]))
+            print("\n".join("  " + line for line in stage.get("failures") or ["(its output said nothing)"]))
 
 
 def main(argv=None):
@@ -152,9 +174,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "stage":
         with open(args.output, errors="replace") as handle:
-            counts = checks_in(handle.read())
+            output = handle.read()
         append({"event": "stage", "name": args.name, "lane": args.lane, "seconds": args.seconds,
-                "rc": args.rc, "checks": counts})
+                "rc": args.rc, "checks": checks_in(output), "failures": failures_in(output) if args.rc else []})
         return 0
     if args.command == "cpu":
         busy, total = cpu_times()

@@ -94,3 +94,38 @@ def test_the_callback_counts_rollouts_check_mode_and_failures_per_stage(tmp_path
 ])
 def test_the_checks_a_stage_ran_are_read_from_its_output(text, expected):
     assert budget.checks_in(text) == expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    # pytest -q's short summary: the failed tests named (CI's last matrix failure showed only "3 failed")
+    ("....F\nE   assert 50 < 36.988\nFAILED tests/m.py::test_query[redis] - assert 50 < 36.988\n"
+     "1 failed, 4 passed in 3.0s", ["FAILED tests/m.py::test_query[redis] - assert 50 < 36.988"]),
+    # ansible's failed task, inside molecule's coloured frame
+    ("  \x1b[2m\u2502\x1b[0m \x1b[31mfatal: [mlr-n1]: FAILED! => {\"msg\": \"boom\"}\x1b[0m\nPLAY RECAP",
+     ["fatal: [mlr-n1]: FAILED! => {\"msg\": \"boom\"}"]),
+    ("ERROR: Found 1 pylint issue(s) which need to be resolved:\nok", ["ERROR: Found 1 pylint issue(s) which need "
+                                                                       "to be resolved:"]),
+    # nothing says what failed: the stage's last lines
+    ("\n".join("line %d" % i for i in range(40)), ["line %d" % i for i in range(40 - budget.LAST_LINES, 40)]),
+])
+def test_what_failed_is_read_from_a_failed_stages_output(text, expected):
+    assert budget.failures_in(text) == expected
+
+
+def test_the_table_ends_with_what_failed_in_each_failed_stage(tmp_path, capsys, monkeypatch):
+    count_file = tmp_path / "count.jsonl"
+    monkeypatch.setenv("DLOCK_SUITE_COUNT", str(count_file))
+    output = tmp_path / "out.txt"
+    output.write_text("FAILED tests/a.py::test_one - AssertionError\n" * (budget.FAILURES_KEPT + 3)
+                      + "28 failed in 1.0s\n")
+    assert budget.main(["stage", "--name", "matrix", "--lane", "checks", "--seconds", "9", "--rc", "1",
+                        "--output", str(output)]) == 0
+    output.write_text("FAILED tests/b.py::test_not_this_one\n3 passed, 1 failed in 1.0s\n")
+    assert budget.main(["stage", "--name", "units", "--lane", "checks", "--seconds", "9", "--rc", "0",
+                        "--output", str(output)]) == 0
+    assert budget.main(["table"]) == 0
+    table = capsys.readouterr().out
+    what_failed = table.split("=== what failed in matrix (exit 1):\n")[1]
+    assert what_failed.count("FAILED tests/a.py::test_one") == budget.FAILURES_KEPT
+    assert "... and 3 more" in what_failed
+    assert "what failed in units" not in table and "test_not_this_one" not in table
