@@ -257,7 +257,8 @@ def count_for_the_suite(record):
     scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
     if scripts not in sys.path:
         sys.path.insert(0, scripts)
-    import budget  # pylint: disable=import-outside-toplevel  (a test-suite script, found by path)
+    # A test-suite script, found by path (and only when a boot is counted).
+    import budget  # pylint: disable=import-outside-toplevel
     budget.append(record)
 
 
