@@ -79,16 +79,18 @@ def release(session):
 
 @nox.session(name="lab-single", python=False, tags=["full"])
 def lab_single(session):
-    """The session lab dlkt (3 job nodes, a backend node): site.yml on Redis, then PostgreSQL; every slot once;
-    check mode on fresh hosts; bad input refused in preflight; TLS; containment under a unit."""
+    """The session lab dlkt (3 job nodes, a backend node): check mode on fresh hosts at -vvv --diff; site.yml with
+    molecule/redis's variables, then molecule/postgresql's, each once, its idempotence at -vvv --diff and its verify
+    set; every slot once; bad input refused in preflight; TLS; containment under a unit."""
     ignore = ["--ignore=" + path for path in CLUSTER_LAB_TESTS + BARE_LAB_TESTS]
     session.run(*LAB_PYTEST, "tests/lab", *ignore, *session.posargs, external=True)
 
 
 @nox.session(name="lab-cluster", python=False, tags=["full"])
 def lab_cluster(session):
-    """The etcd lab dlke (3 backend nodes, 3 job nodes): etcd faults, Patroni faults on the same nodes, then the
-    membership procedures (destructive: last)."""
+    """The etcd lab dlke (3 backend nodes, 3 job nodes): etcd faults; then molecule/postgresql-ha rolled out on the
+    same nodes, its idempotence at -vvv --diff and its verify set, and the Patroni faults; then the membership
+    procedures (destructive: last)."""
     session.run(*LAB_PYTEST, *CLUSTER_LAB_TESTS, *session.posargs, external=True)
 
 
@@ -98,8 +100,17 @@ def lab_bare(session):
     session.run(*LAB_PYTEST, *BARE_LAB_TESTS, *session.posargs, external=True)
 
 
-@nox.session(python=False, tags=["full"])
-@nox.parametrize("scenario", [nox.param(name, id=name) for name in ("redis", "postgresql", "etcd", "postgresql-ha")])
+# The full suite converges each topology once (issue 20): lab-single rolls out
+# molecule/redis and molecule/postgresql and lab-cluster molecule/postgresql-ha,
+# each followed by its scenario's verify set (tests/lab/scenario.py). Only
+# etcd (its scenario's TLS is not yet the etcd fault tests' setup) still runs
+# whole under `molecule test` there. `nox -s "molecule(redis)"` runs any whole.
+MOLECULE_IN_FULL = ("etcd",)
+
+
+@nox.session(python=False)
+@nox.parametrize("scenario", [nox.param(name, id=name, tags=["full"] if name in MOLECULE_IN_FULL else [])
+                              for name in ("redis", "postgresql", "etcd", "postgresql-ha")])
 def molecule(session, scenario):
     """molecule test -s SCENARIO: create, converge, idempotence, verify (pytest-testinfra), destroy."""
     session.run("molecule", "test", "-s", scenario, external=True)

@@ -108,9 +108,11 @@ def shape(lab, backend_type, ha=False):
 
 
 # The last site.yml each lab (by prefix) finished without error: its backend
-# type and extra variables. provisioned() rolls out again only when the one it
-# wants differs; a failed or --check run forgets it (it may have changed part).
+# type, extra variables and arguments (those that change only what is printed
+# left out). provisioned() rolls out again only when the one it wants differs;
+# a failed or --check run forgets it (it may have changed part).
 LAST_ROLLOUT = {}
+OUTPUT_ONLY_ARGS = ("-v", "-vv", "-vvv", "-vvvv", "--diff", "-D")
 
 
 def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
@@ -126,18 +128,21 @@ def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
     done = ansible_playbook(lab, "playbooks/site.yml", site_vars, "-i", clock_inventory(lab), *args,
                             check=check, capture=capture)
     if done.returncode == 0 and "--check" not in args and "-C" not in args:
-        LAST_ROLLOUT[lab.prefix] = (backend_type, json.dumps(extra_vars, sort_keys=True), args)
+        settled = tuple(arg for arg in args if arg not in OUTPUT_ONLY_ARGS)
+        LAST_ROLLOUT[lab.prefix] = (backend_type, json.dumps(extra_vars, sort_keys=True), settled)
     return done
 
 
-def provisioned(lab, backend_type, any_jobs=False):
+def provisioned(lab, backend_type, any_jobs=False, inventory=None):
     """The lab rolled out by site.yml with this backend type and no jobs (with
-    any_jobs: whatever jobs), again only when the last rollout was another;
-    returns what the nodes use: the backend URL and its password."""
+    any_jobs: whatever jobs; with inventory, a molecule scenario's (see
+    scenario.py): its variables and jobs), again only when the last rollout
+    was another; returns what the nodes use: the backend URL and its password."""
     last = LAST_ROLLOUT.get(lab.prefix)
-    wanted = (backend_type, json.dumps({"dlock_jobs_list": []}), ())
+    extra_vars, args = ({}, ("-i", inventory)) if inventory else ({"dlock_jobs_list": []}, ())
+    wanted = (backend_type, json.dumps(extra_vars, sort_keys=True), args)
     if last != wanted and not (any_jobs and last is not None and last[0] == backend_type and last[2] == ()):
-        site(lab, backend_type, {"dlock_jobs_list": []})
+        site(lab, backend_type, extra_vars, *args)
     config = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)
     return {"url": config["backend"], "password": read_password(lab)}
 

@@ -2,7 +2,12 @@
 backend (Redis, then PostgreSQL) and 3 nodes carry the same timer with a
 randomized delay; over 20+ slots every slot ran exactly once, no two runs
 overlapped, and fencing tokens strictly increase. Plus the roles' bad input:
-refused in preflight, nothing written on any node."""
+refused in preflight, nothing written on any node.
+
+Each backend's rollout is its molecule scenario's (molecule/redis,
+molecule/postgresql: their variables and jobs, scenario.py), rolled out
+once: a -vvv --diff run then changes nothing, and the scenario's verify set
+runs against it; no molecule session converges the same fleet again."""
 
 import calendar
 import json
@@ -11,7 +16,8 @@ import re
 import time
 
 import pytest
-from rollout import ansible_playbook, jobs, shape, site, warnings
+import scenario
+from rollout import ansible_playbook, jobs, read_password, shape, site, warnings
 from rollout import provisioned as rollout_provisioned
 
 pytestmark = pytest.mark.lab
@@ -26,9 +32,10 @@ BACKEND_TYPES = ["redis", "postgresql"]
 # the backend type changes, so this order costs two rollouts, not four.
 @pytest.fixture(scope="module")
 def provisioned(lab):
-    """rollout.provisioned on this lab: site.yml with that backend type, again
-    only when the last rollout was another."""
-    return lambda backend_type: rollout_provisioned(lab, backend_type)
+    """rollout.provisioned on this lab: site.yml with that backend type and its
+    molecule scenario's variables, again only when the last rollout was another."""
+    return lambda backend_type: rollout_provisioned(lab, backend_type,
+                                                    inventory=scenario.inventory(lab, backend_type))
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +73,21 @@ def test_check_mode_on_fresh_hosts_changes_nothing(lab, backend_type):
         pytest.skip("the nodes are not fresh (an earlier rollout on this lab)")
     before = snapshot_all(lab)
     job = {"name": "check-only", "command": ["true"], "schedule": "hourly", "once_per": "1h"}
-    done = site(lab, backend_type, {"dlock_jobs_list": [job]}, "--check", check=False)
+    done = site(lab, backend_type, {"dlock_jobs_list": [job]}, "--check", "-vvv", "--diff", check=False)
     assert done.returncode == 0, done.stdout[-4000:]
     assert re.search(r"changed=[1-9]", done.stdout), "check mode reported nothing to do on fresh hosts"
+    # Every diff is whole on fresh hosts: the strongest place to look for a leak.
+    assert "ESTABLISH SSH CONNECTION" in done.stdout, "not a -vvv run"
+    leaked = read_password(lab) in done.stdout + done.stderr  # generated on the controller, even in check mode
+    assert not leaked, "the backend password is in the -vvv --diff output"
     # Nothing the real run would create (a user, a unit, a directory) is warned about as missing.
     assert not warnings(done), warnings(done)
     assert snapshot_all(lab) == before
+
+
+def test_redis_scenario_changes_nothing_again_and_passes_its_verify_set(lab, provisioned, capsys):
+    provisioned("redis")
+    scenario.idempotent_and_verified(lab, "redis", capsys)
 
 
 BAD_JOBS = [
@@ -286,6 +302,11 @@ def test_every_slot_runs_exactly_once_across_the_fleet(lab, provisioned, backend
                       check=False).stdout
         results = {json.loads(line)["result"] for line in log.splitlines()}
         assert results <= {"success", "skipped_duplicate", "skipped_locked"}, results
+
+
+def test_postgresql_scenario_changes_nothing_again_and_passes_its_verify_set(lab, provisioned, capsys):
+    provisioned("postgresql")
+    scenario.idempotent_and_verified(lab, "postgresql", capsys)
 
 
 def test_missing_postgresql_cluster_is_named_and_nothing_written(lab, provisioned):

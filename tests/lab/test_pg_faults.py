@@ -23,7 +23,9 @@ strictly increase in grant order across every leader change, and no gap is
 longer than the TTL plus Patroni's failover time (gap_bound says why).
 
 Runs on conftest's etcd_lab after test_etcd_faults.py and before
-test_etcd_members.py (conftest orders them), with one site.yml rollout.
+test_etcd_members.py (conftest orders them), with one site.yml rollout: the
+molecule/postgresql-ha scenario's, whose idempotence (at -vvv --diff) and
+verify set are checked on it before the faults.
 """
 
 import json
@@ -33,7 +35,8 @@ import time
 import faults
 import ledger
 import pytest
-from rollout import site
+import scenario
+from rollout import jobs
 
 pytestmark = pytest.mark.lab
 
@@ -108,16 +111,31 @@ class PatroniFleet(faults.LedgerFleet):
         raise AssertionError("%s is not in Patroni's settings: %s" % (name, done.stdout))
 
 
+# This lab's one Patroni rollout is the postgresql-ha scenario's (scenario.py):
+# its idempotence and verify set are checked first; the ledger job then comes
+# with the jobs role alone (seconds), and the faults.
+SCENARIO = "postgresql-ha"
+
+
 @pytest.fixture(scope="module")
-def fleet(etcd_lab):
-    lab = etcd_lab
-    faults.install_ledger_job(lab)
-    done = site(lab, "postgresql", {"dlock_postgresql_ha": True, "dlock_jobs_list": [JOB_SPEC]})
+def converged(etcd_lab):
+    done = scenario.converge(etcd_lab, SCENARIO)
     assert "failed=0" in done.stdout
-    patroni = PatroniFleet(lab)
-    patroni.stop_jobs()  # site.yml started the timers: each test starts them itself
+    return etcd_lab
+
+
+@pytest.fixture(scope="module")
+def fleet(converged):
+    faults.install_ledger_job(converged)
+    jobs(converged, [JOB_SPEC])
+    patroni = PatroniFleet(converged)
+    patroni.stop_jobs()  # the jobs role started the timers: each test starts them itself
     assert patroni.dcs_setting("synchronous_mode_strict") == "true"
     return patroni
+
+
+def test_the_scenario_changes_nothing_again_and_passes_its_verify_set(converged, capsys):
+    scenario.idempotent_and_verified(converged, SCENARIO, capsys)
 
 
 def bound(fleet):

@@ -14,7 +14,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
 
-from fleet_checks import address, secret, ssh_with_stdin  # noqa: E402
+from fleet_checks import address, group_addresses, secret, ssh_with_stdin  # noqa: E402
 
 # The shared tests, imported to be collected here.
 from pg_checks import (  # noqa: E402,F401  pylint: disable=unused-import
@@ -28,7 +28,6 @@ testinfra_hosts = ["ansible://dlock_backend"]
 
 CONFIG = "/etc/patroni/config.yml"
 DATA = "/var/lib/postgresql/15/patroni"
-MEMBERS = ["mlh-b1", "mlh-b2", "mlh-b3"]
 
 
 def patronictl(host, command):
@@ -91,7 +90,7 @@ def test_patroni_runs_and_debians_own_cluster_does_not(host):
 
 def test_one_leader_and_a_synchronous_standby(host):
     seen = members(host)
-    assert sorted(seen) == MEMBERS, seen
+    assert sorted(seen) == sorted(host.ansible.get_variables()["groups"]["dlock_backend"]), seen
     roles = sorted(role for role, _state in seen.values())
     assert roles == ["Leader", "Replica", "Sync Standby"], seen
     assert all(state in ("running", "streaming") for _role, state in seen.values()), seen
@@ -175,12 +174,9 @@ def test_rest_api_changes_need_a_member_and_the_password(host):
 def test_pg_hba_lets_only_the_fleet_and_the_members_in(host):
     rules = [line.split() for line in host.file(DATA + "/pg_hba.conf").content_string.splitlines()
              if line.strip() and not line.startswith("#")]
-    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
-    groups = host.ansible.get_variables()["groups"]
 
     def addresses(group):
-        return sorted(address(host.get_host("ansible://" + name, ansible_inventory=inventory)) + "/32"
-                      for name in groups[group])
+        return sorted(each + "/32" for each in group_addresses(host, group))
 
     assert rules[:2] == [["local", "all", "postgres", "peer"], ["local", "replication", "replicator", "scram-sha-256"]]
     assert sorted(r[3] for r in rules if r[:3] == ["host", "replication", "replicator"]) == addresses("dlock_backend")

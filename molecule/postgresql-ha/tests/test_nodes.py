@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 # The shared tests, imported to be collected here.
 from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
     JOB,
+    group_addresses,
     secret,
     test_force_release_ends_the_holders_run,
     test_job_unit_exposure,
@@ -32,8 +33,8 @@ testinfra_hosts = ["ansible://dlock_nodes"]
 def test_the_runner_names_every_member(host):
     config = host.file("/etc/dlock/dlock.json")
     settings = json.loads(config.content_string)
-    assert settings["backend"] == ("postgresql://dlock@10.77.7.2:5432,10.77.7.3:5432,10.77.7.4:5432/dlock"
-                                   "?target_session_attrs=read-write")
+    members = ",".join("%s:5432" % each for each in group_addresses(host, "dlock_backend"))
+    assert settings["backend"] == "postgresql://dlock@%s/dlock?target_session_attrs=read-write" % members
     assert secret("backend.password") not in config.content_string
     assert host.package("python3-psycopg").is_installed
 

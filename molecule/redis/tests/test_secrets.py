@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 # The shared tests, imported to be collected here.
 from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
     test_no_password_on_the_hosts,
-    test_verbose_check_run_changes_nothing_and_prints_no_password,
+    test_verbose_run_changes_nothing_and_prints_no_password,
     verbose_run,
 )
 

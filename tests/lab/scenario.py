@@ -1,0 +1,186 @@
+"""A molecule scenario's rollout and verify set, on a lab session's own nodes.
+
+The suite rolls each topology out once (issue 20): the lab session that
+boots a topology converges it with a scenario's variables, and the
+scenario's verify set (molecule/NAME/tests, pytest-testinfra) runs against
+that converge; molecule does not boot and converge the same fleet again.
+`molecule test -s NAME` still runs a scenario whole, on a lab of its own
+(the developer's loop).
+
+What molecule would give the tests, the lab gives them here:
+- the inventory: a directory in the lab's state directory with a copy of
+  the lab's hosts and the scenario's group_vars, as molecule.yml writes them
+  (they name no host and no subnet: they hold on any lab);
+- the ephemeral directory: ${MOLECULE_EPHEMERAL_DIRECTORY} in molecule.yml
+  stands for a directory beside that inventory, where the scenario's
+  generated passwords land. The passwords the lab's own rollouts also use
+  (the backend's, etcd root's, Patroni's: rollout.password_file) are links
+  there to the lab's files, under the scenario's names: a lab that rolls out
+  a scenario after another rollout (the Patroni faults after the etcd ones,
+  on the same members) keeps one password for each;
+- MOLECULE_INVENTORY_FILE, MOLECULE_EPHEMERAL_DIRECTORY,
+  MOLECULE_SCENARIO_DIRECTORY and MOLECULE_PROJECT_DIRECTORY, and the lab's
+  prefix and subnet for the tests that call lab.py.
+The -vvv --diff idempotence run (changed=0, no secret in its output) is
+saved in the ephemeral directory as idempotence.log; the scenario's
+test_secrets.py reads it there (fleet_checks.verbose_run).
+"""
+
+import os
+import subprocess
+import sys
+
+import yaml
+
+from rollout import ROOT, collections_path, password_file, site
+
+EPHEMERAL_MARK = "${MOLECULE_EPHEMERAL_DIRECTORY}"
+MOLECULE_SSH_ARGS = ("-o UserKnownHostsFile=/dev/null -o ControlMaster=auto -o ControlPersist=60s -o ForwardX11=no "
+                     "-o LogLevel=ERROR -o IdentitiesOnly=yes -o StrictHostKeyChecking=no")
+PATRONI_PASSWORDS = ("etcd", "replication", "rewind", "restapi")  # site.yml's dlock-patroni-NAME.password
+IDEMPOTENCE_LOG = "idempotence.log"
+
+
+def scenario_directory(name):
+    return os.path.join(ROOT, "molecule", name)
+
+
+def ephemeral_directory(lab, name):
+    return os.path.join(lab.state_dir, "molecule-" + name)
+
+
+def inventory(lab, name):
+    """The scenario's inventory for this lab (written afresh: the lab's shape
+    may have changed): its path, a directory."""
+    ephemeral = ephemeral_directory(lab, name)
+    path = os.path.join(ephemeral, "inventory")
+    os.makedirs(os.path.join(path, "group_vars"), exist_ok=True)
+    for group, values in group_vars(name, ephemeral).items():
+        with open(os.path.join(path, "group_vars", group + ".yml"), "w") as handle:
+            yaml.safe_dump(values, handle, default_flow_style=False, sort_keys=False)
+    with open(os.path.join(path, "hosts.yml"), "w") as handle:
+        yaml.safe_dump(hosts(lab), handle, default_flow_style=False)
+    for name_in_scenario, lab_file in lab_passwords(lab).items():
+        linked = os.path.join(ephemeral, name_in_scenario)
+        if not os.path.lexists(linked):
+            # The lookup that generates a missing password writes through the link.
+            os.makedirs(os.path.dirname(lab_file), mode=0o700, exist_ok=True)
+            os.symlink(lab_file, linked)
+    return path
+
+
+def hosts(lab):
+    """The lab's nodes as molecule's inventory has its instances: the same
+    connection variables (the tests read ansible_private_key_file) and
+    molecule's ssh options (no known-hosts warning on a command's stderr)."""
+    groups = {}
+    for group in ("dlock_nodes", "dlock_backend"):
+        groups[group] = {"hosts": dict(
+            (name, {"ansible_host": lab.addr(name), "ansible_user": "root", "ansible_port": 22,
+                    "ansible_private_key_file": lab.key, "ansible_ssh_common_args": MOLECULE_SSH_ARGS})
+            for name in lab.group(group))}
+    return {"all": {"children": groups}}
+
+
+def lab_passwords(lab):
+    """{the name a scenario gives a generated password: the lab's file of it}."""
+    names = {"backend.password": password_file(lab), "backend-admin.password": password_file(lab, admin=True)}
+    for patroni in PATRONI_PASSWORDS:
+        names["dlock-patroni-%s.password" % patroni] = password_file(lab, patroni=patroni)
+    return names
+
+
+def group_vars(name, ephemeral="/nonexistent"):
+    """The scenario's group_vars: {group: {variable: value}}."""
+    with open(os.path.join(scenario_directory(name), "molecule.yml")) as handle:
+        text = handle.read()
+    # molecule's interpolation, of the one variable the scenarios use ($$ is a $).
+    text = text.replace("$$", "\0").replace(EPHEMERAL_MARK, ephemeral)
+    if "$" in text:
+        raise ValueError("molecule/%s/molecule.yml: a $ other than %s or $$" % (name, EPHEMERAL_MARK))
+    return yaml.safe_load(text.replace("\0", "$"))["provisioner"]["inventory"]["group_vars"]
+
+
+def backend_type(name):
+    return group_vars(name)["all"]["dlock_backend_type"]
+
+
+def jobs(name):
+    """The scenario's dlock_jobs_list (a lab test adds its own to it)."""
+    return group_vars(name)["all"].get("dlock_jobs_list", [])
+
+
+# The scenario's variables that decide the lab's shape (rollout.site reads them
+# from its extra vars: a Patroni cluster wants three backend nodes).
+SHAPE_VARIABLES = ("dlock_postgresql_ha",)
+
+
+def site_vars(name, extra_vars=None):
+    """The extra vars of the scenario's rollouts: EXTRA_VARS, and the
+    variables that decide the lab's shape as the scenario sets them."""
+    values = dict((key, value) for key, value in group_vars(name)["all"].items() if key in SHAPE_VARIABLES)
+    values.update(extra_vars or {})
+    return values
+
+
+def converge(lab, name, extra_vars=None):
+    """site.yml with the scenario's inventory (and EXTRA_VARS on top)."""
+    return site(lab, backend_type(name), site_vars(name, extra_vars), "-i", inventory(lab, name))
+
+
+def idempotence(lab, name, extra_vars=None):
+    """site.yml again as it was converged, at -vvv --diff: the
+    CompletedProcess (its output also saved for the secrets checks)."""
+    done = site(lab, backend_type(name), site_vars(name, extra_vars), "-i", inventory(lab, name), "-vvv", "--diff",
+                check=False)
+    with open(os.path.join(ephemeral_directory(lab, name), IDEMPOTENCE_LOG), "w") as handle:
+        handle.write("exit %d\n%s%s" % (done.returncode, done.stdout, done.stderr))
+    return done
+
+
+def verify(lab, name):
+    """The scenario's verify set against the lab, as molecule's testinfra
+    verifier runs it: the CompletedProcess (output captured)."""
+    path = inventory(lab, name)
+    env = dict(os.environ,
+               MOLECULE_EPHEMERAL_DIRECTORY=ephemeral_directory(lab, name),
+               MOLECULE_INVENTORY_FILE=path,
+               MOLECULE_SCENARIO_DIRECTORY=scenario_directory(name),
+               MOLECULE_PROJECT_DIRECTORY=ROOT,
+               DLOCK_LAB_PREFIX=lab.prefix, DLOCK_LAB_SUBNET=lab.subnet,
+               ANSIBLE_COLLECTIONS_PATH=collections_path(),
+               ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_NOCOLOR="1")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "--ansible-inventory", path,
+            "--connection", "ansible", os.path.join(scenario_directory(name), "tests")]
+    return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False)
+
+
+def idempotent_and_verified(lab, name, capsys, extra_vars=None):
+    """After the scenario's converge (with EXTRA_VARS): its idempotence run
+    changes nothing (the verify set's secrets checks read it), then its whole
+    verify set passes against this lab."""
+    again = idempotence(lab, name, extra_vars)
+    tail = again.stdout[-4000:]
+    for value in passwords(lab):
+        tail = tail.replace(value, "********")
+    assert again.returncode == 0, tail
+    verified = verify(lab, name)
+    closing = verified.stdout.strip().splitlines()[-1:]
+    with capsys.disabled():  # the verify set's count, in the session's output (scripts/budget.py reads it)
+        print("\nmolecule/%s verify set on %s:\n%s" % (name, lab.prefix, "\n".join(closing)))
+    # On failure: the first failures whole, then pytest's short summary (every failed test named).
+    output = verified.stdout + verified.stderr
+    first = output.find("= FAILURES =")
+    summary = output.find("short test summary info")
+    assert verified.returncode == 0, output[first:first + 8000] + "\n...\n" + output[summary - 40:]
+
+
+def passwords(lab):
+    """The generated passwords that exist (to keep them out of a failure's message)."""
+    found = []
+    for path in lab_passwords(lab).values():
+        if os.path.exists(path):
+            with open(path) as handle:
+                found.append(handle.read().split(" salt=")[0].strip())
+    return found
