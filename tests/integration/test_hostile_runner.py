@@ -82,6 +82,9 @@ CASES = [
     # -- URLs: flags -------------------------------------------------------------
     ("url password", "flag:--backend", "redis://u:%s@127.0.0.1:6379/0" % SECRET, "contains a password"),
     ("url password bad port", "flag:--backend", "redis://u:%s@127.0.0.1:99999/0" % SECRET, "contains a password"),
+    ("url password with a slash", "flag:--backend", "redis://u:%s/0@127.0.0.1:6379/0" % SECRET, "contains a password"),
+    ("url password with ? # @", "flag:--backend", "postgresql://u:%s?#@x@127.0.0.1/db" % SECRET,
+     "contains a password"),
     ("url password query", "flag:--backend", "redis://127.0.0.1:6379/0?password=%s" % SECRET,
      "contains a password"),
     ("url pg password query", "flag:--backend", "postgresql://u@127.0.0.1/db?password=%s" % SECRET,

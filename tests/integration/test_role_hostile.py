@@ -302,6 +302,10 @@ case(N, "backend_url", backend_url="")
 case(N, "backend_url", backend_url="redis://dlock:%s@127.0.0.1:6379/0" % SECRET_URL)
 case(N, "backend_url", backend_url="redis://127.0.0.1:6379/0?password=%s" % SECRET_URL)
 case(N, "backend_url", backend_url="redis://dlock:%s@[::1:6379/0" % SECRET_URL)
+# A password holding the URL's own separators (unencoded): '/' would put it in the path, '?' and '#' in the
+# query or the fragment, an '@' before the host's; each once echoed the password in the refusal.
+case(N, "backend_url", backend_url="redis://dlock:%s/0@127.0.0.1:6379/0" % SECRET_URL)
+case(N, "backend_url", backend_url="postgresql://dlock:%s?#@a@127.0.0.1/dlock" % SECRET_URL)
 case(N, "backend_url", backend_url="postgresql://dlock@db:5432/dlock?sslmode=require&sslpassword=%s" % SECRET_URL)
 case(N, "backend_url", backend_url="redis://127.0.0.1:0/0")
 case(N, "backend_url", backend_url="redis://127.0.0.1:80 x/0")

@@ -365,10 +365,30 @@ def _split_url(url):
     return scheme.lower(), netloc, path_, query
 
 
+def _password_span(url):
+    """(start, end) of a password in the URL's user part (user:PASSWORD@host),
+    or None. Looked for on the raw string up to its last '@', before the URL
+    is split: a password may hold '/', '?', '#' or '@' unencoded, and the
+    split would then put it in the path or the query, where no check looks
+    and every later message would show it. A ':' after a '/', '?', '#' or
+    '@' is not a user's (user@host:port/db?sslrootcert=/a@b has none); the
+    split netloc is checked as well (_netloc_password)."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, _host = rest.rpartition("@")
+    user, colon, _password = userinfo.partition(":")
+    if not (sep and at and colon) or re.search(r"[/?#@]", user):
+        return None
+    start = len(scheme) + len(sep) + len(user) + len(colon)
+    return start, len(scheme) + len(sep) + len(userinfo)
+
+
 def redact_url(url):
     """The URL with any password removed, for messages and logs."""
     if not isinstance(url, str):
         return shown(url)
+    span = _password_span(url)
+    if span:
+        url = url[:span[0]] + "<redacted>" + url[span[1]:]
     scheme, netloc, path_, query = _split_url(url)
     if scheme is None:
         return shown(url) if ":" not in url and "@" not in url else "<not a URL>"
@@ -391,7 +411,7 @@ def backend_url(url, field="backend"):
         raise ConfigError("%s: no backend: a backend URL is required (%s)" % (field, URL_HINT))
     scheme, netloc, path_, query = _split_url(url)
     userinfo, at, hostpart = netloc.rpartition("@")
-    if (at and ":" in userinfo) or _SECRET_PARAM.search("?" + query):
+    if _password_span(url) or (at and ":" in userinfo) or _SECRET_PARAM.search("?" + query):
         raise ConfigError("%s: the URL contains a password; put it in a password file "
                           "(password_file / --password-file) or a systemd credential instead" % field)
     shown_url = redact_url(url)
