@@ -155,6 +155,11 @@ CASES = [
     ("config defaults list", "config:defaults", ["ttl"], "defaults: ['ttl'] must be a mapping"),
     ("config unknown field", "config:metrics", "/tmp", "unknown field 'metrics'"),
     ("config array", "config-text", "[1, 2]", "must hold a JSON object"),
+    # Python's parser recurses: this once ended in a RecursionError traceback (exit 1).
+    ("config nested 100000 deep", "config-text", "[" * 100000 + "]" * 100000,
+     "lists and objects nest deeper than 32 levels"),
+    ("job nested 40 deep", "job-text", '{"command": ["@MARKER@"], "environment": %s1%s}' % ('{"a": ' * 40, "}" * 40),
+     "lists and objects nest deeper than 32 levels"),
     ("config not utf8", "config-bytes", b'{"backend": "\xff"}', "is not UTF-8 text"),
     ("config too large", "config-text", '{"backend": "@URL@", "pad": "%s"}' % ("x" * (1024 * 1024)),
      "is larger than 1048576 bytes"),
@@ -182,6 +187,10 @@ CASES = [
     ("job workdir relative", "job:working_directory", "tmp", "working_directory: 'tmp' must be an absolute path"),
     ("job workdir newline", "job:working_directory", "/tmp\n", "holds a control character"),
     ("job workdir number", "job:working_directory", 5, "must be a string"),
+    # Before the grant, naming the directory (the failure to start named the command).
+    ("job workdir missing", "job:working_directory", "/nonexistent/dlock-workdir",
+     "working_directory /nonexistent/dlock-workdir: is not a directory the job can enter"),
+    ("job workdir a file", "job:working_directory", "/etc/hostname", "working_directory /etc/hostname: is not a directory the job can enter"),
     ("job key newline", "job:key", "a\nb", "key: 'a\\nb' holds a control character"),
     ("job key number", "job:key", 5, "key: 5 must be a string"),
     ("job key slash", "job:key", "a/b", "not a valid lock key"),

@@ -80,3 +80,21 @@ def test_metrics_without_an_output_is_a_configuration_error(redis_server, tmp_pa
     (tmp_path / "dlock.json").write_text(json.dumps({"backend": redis_server.url}))  # no metrics_dir
     done = run_dlock("metrics", "--config", str(tmp_path / "dlock.json"))
     assert done.returncode == 78 and "give --output FILE, or set metrics_dir" in done.stderr, done.stderr
+
+
+def test_an_output_that_cannot_be_written_is_named_before_any_work(redis_server, tmp_path):
+    """A directory, or a file in a directory that does not exist: a clear
+    error naming it (exit 78), once a traceback (IsADirectoryError, exit 1)."""
+    flags = node(tmp_path, redis_server.url, "nightly")
+    for output, message in ((str(tmp_path / "metrics"), "is a directory; name the file to write"),
+                            (str(tmp_path / "nowhere" / "x.prom"), "its directory %s does not exist"
+                             % (tmp_path / "nowhere"))):
+        done = run_dlock("metrics", *flags, "--output", output)
+        assert done.returncode == 78, done.stderr
+        assert "--output %s: %s" % (output, message) in done.stderr and "Traceback" not in done.stderr, done.stderr
+    # metrics_dir (the default output's directory) is checked the same way.
+    (tmp_path / "dlock.json").write_text(json.dumps({"backend": redis_server.url, "jobs_dir": str(tmp_path / "jobs"),
+                                                     "metrics_dir": str(tmp_path / "gone")}))
+    done = run_dlock("metrics", *flags)
+    assert done.returncode == 78 and "metrics_dir %s/dlock-lock-state.prom: its directory" % (tmp_path / "gone") \
+        in done.stderr, done.stderr

@@ -173,6 +173,16 @@ def check_clock(args, flags):
     return 0 if not problems else EXIT_CLOCK
 
 
+def _check_output_file(path, field):
+    """Before any work: the file to write is not a directory, and its
+    directory exists (the file is written beside it and renamed over it)."""
+    if os.path.isdir(path):
+        raise ConfigError("%s %s: is a directory; name the file to write (%s/dlock-lock-state.prom)"
+                          % (field, path, path.rstrip("/")))
+    if not os.path.isdir(os.path.dirname(path) or "."):
+        raise ConfigError("%s %s: its directory %s does not exist" % (field, path, os.path.dirname(path)))
+
+
 def metrics(args, flags):
     settings = load_settings(flags)
     if args.output not in (None, "-"):
@@ -181,6 +191,8 @@ def metrics(args, flags):
     output = args.output or (settings.metrics_dir and settings.metrics_dir.rstrip("/") + "/dlock-lock-state.prom")
     if not output:
         raise ConfigError("metrics: give --output FILE, or set metrics_dir in the config")
+    if output != "-":
+        _check_output_file(output, "--output" if args.output else "metrics_dir")
     jobs = _jobs_to_show(settings, args, flags)  # from the job files: known even when the backend is down
     rows, info, failure = _status_rows(settings, jobs)
     clock_check = None

@@ -170,6 +170,12 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     settings.environment = validate.environment(job_cfg.get("environment") or {}, "%s: environment" % job_where)
     if job_cfg.get("working_directory") is not None:
         settings.working_directory = validate.path(job_cfg["working_directory"], "%s: working_directory" % job_where)
+        wd = settings.working_directory
+        if need_command and not (os.path.isdir(wd) and os.access(wd, os.X_OK)):
+            # Before the grant: the job could not start there, and the failure
+            # would name the command, not the directory.
+            raise ConfigError("%s: working_directory %s: is not a directory the job can enter "
+                              "(missing, a file, or out of reach)" % (job_where, wd))
     return settings
 
 

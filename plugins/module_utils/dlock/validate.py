@@ -539,6 +539,31 @@ def _unique_keys(pairs):
     return result
 
 
+# Our files nest four levels at most (a job's environment in a job file);
+# Python's parser recurses, and '[' x 100000 ended in a RecursionError.
+MAX_JSON_DEPTH = 32
+
+
+def _depth(value):
+    """How deep lists and objects nest in a parsed JSON value (walked
+    without recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def parse_json(text_):
-    """json.loads, refusing duplicate keys and NaN/Infinity (ValueError)."""
-    return json.loads(text_, object_pairs_hook=_unique_keys, parse_constant=_refuse_constant)
+    """json.loads, refusing duplicate keys, NaN/Infinity and nesting deeper
+    than MAX_JSON_DEPTH (ValueError naming the problem)."""
+    too_deep = "lists and objects nest deeper than %d levels" % MAX_JSON_DEPTH
+    try:
+        data = json.loads(text_, object_pairs_hook=_unique_keys, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError(too_deep) from None
+    if _depth(data) > MAX_JSON_DEPTH:
+        raise ValueError(too_deep)
+    return data
