@@ -24,6 +24,10 @@ UNIT_KEYS = (
 # systemd calendar expressions ("Mon..Fri *-*-* 02:00:00 Europe/Berlin",
 # "*:0/5", "hourly") never need %, \, quotes or other punctuation.
 SCHEDULE = re.compile(r"[A-Za-z0-9 _*:,./~+-]+")
+# What an operator coming from cron writes, and what OnCalendar says instead.
+CRON_SHORTHANDS = {"@hourly": "hourly", "@daily": "daily", "@midnight": "daily", "@weekly": "weekly",
+                   "@monthly": "monthly", "@yearly": "yearly", "@annually": "yearly"}
+CRON_LINE = re.compile(r"[0-9*/,-]+(?: +[0-9*/,-]+){4}")  # five fields; an OnCalendar time has a ':'
 DIRECTIVE = re.compile(r"[A-Z][A-Za-z0-9]{1,63}")
 # Directives the role writes itself and that decide what runs, as whom and
 # how a run is judged: unit_settings may not replace or add to them.
@@ -109,6 +113,19 @@ def _check_slot_window(job, where, lock_options, default_delay):
                              validate.format_duration(once_per)))
 
 
+def _schedule(value, where):
+    """The job's OnCalendar expression (systemd-analyze checks it on the node,
+    in the role's preflight); cron's forms are refused with what to write."""
+    field = "%s: schedule" % where
+    if isinstance(value, str) and value.strip() in CRON_SHORTHANDS:
+        raise ConfigError("%s: %s is cron's shorthand; a systemd OnCalendar expression writes it %s"
+                          % (field, validate.shown(value), CRON_SHORTHANDS[value.strip()]))
+    if isinstance(value, str) and CRON_LINE.fullmatch(value.strip()):
+        raise ConfigError("%s: %s is a cron line; write a systemd OnCalendar expression instead (cron's "
+                          "'0 3 * * *' is '*-*-* 03:00:00'; see systemd.time(7))" % (field, validate.shown(value)))
+    return validate.text(value, field, 256, SCHEDULE, "a systemd OnCalendar expression")
+
+
 def _present(job, where, defaults, default_delay, scheme):
     """The checked fields of a present job, for the templates."""
     if job.get("schedule") is None:
@@ -116,8 +133,7 @@ def _present(job, where, defaults, default_delay, scheme):
     content, lock_options = _job_file(job, where, defaults, scheme)
     entry = {
         "name": job["name"], "state": "present",
-        "schedule": validate.text(job["schedule"], "%s: schedule" % where, 256, SCHEDULE,
-                                  "a systemd OnCalendar expression"),
+        "schedule": _schedule(job["schedule"], where),
         "file": content,
     }
     _check_slot_window(job, where, lock_options, default_delay)

@@ -31,6 +31,13 @@ def test_absent_job_needs_only_a_name():
     ([dict(GOOD, name="bad name")], "not a valid job name"),
     ([GOOD, GOOD], "duplicate job name"),
     ([dict(GOOD, schedule=None)], "schedule"),
+    # cron's forms, with what OnCalendar writes instead
+    ([dict(GOOD, schedule="@daily")], "schedule: '@daily' is cron's shorthand; a systemd OnCalendar expression "
+                                      "writes it daily"),
+    ([dict(GOOD, schedule=" @annually")], "writes it yearly"),
+    ([dict(GOOD, schedule="0 3 * * *")], "schedule: '0 3 * * *' is a cron line; write a systemd OnCalendar"),
+    ([dict(GOOD, schedule="*/5 * * * 1-5")], "'*/5 * * * 1-5' is a cron line"),
+    ([dict(GOOD, schedule=["daily"])], "schedule: ['daily'] must be a string"),
     ([dict(GOOD, ttl="10s", renew_every="9s")], "must be below ttl (10s)"),
     ([dict(GOOD, once_per="5s", randomized_delay="2s", max_clock_skew="500ms")],
      "randomized_delay (2s) + max_clock_skew (500ms) must stay below half of once_per (5s)"),
@@ -71,3 +78,9 @@ def test_the_runner_defaults_count_in_a_job_s_rule():
         dlock_jobs([job], backend_url="redis://127.0.0.1:6379/0")
     [checked] = dlock_jobs([job], defaults={"max_clock_skew": "100ms"}, backend_url="redis://127.0.0.1:6379/0")
     assert "max_clock_skew" not in checked["file"]  # the job file keeps the job's own options
+
+
+@pytest.mark.parametrize("schedule", ["daily", "*:0/5", "*-*-* 03:00:00", "Mon..Fri 09:00", "*:*:0/5",
+                                      "2026-12-01 00:00:00 UTC", "Sat,Sun 10:00"])
+def test_oncalendar_expressions_are_not_taken_for_cron(schedule):
+    assert dlock_jobs([dict(GOOD, schedule=schedule)])[0]["schedule"] == schedule
