@@ -13,6 +13,9 @@ from rollout import site, warnings
 
 pytestmark = pytest.mark.lab
 
+# Measured: 865 lines (Redis) and 926 (PostgreSQL) once the engine's source left the diff (12,393 lines for
+# one backend and two nodes before).
+DIFF_LINES_BOUND = 1200
 PACKAGES = ["redis-server", "redis-tools", "postgresql", "postgresql-15", "chrony", "prometheus-node-exporter",
             "python3-redis", "python3-psycopg"]
 
@@ -47,9 +50,17 @@ def test_check_mode_on_hosts_without_the_packages(bare_lab, backend_type):
     for host in bare_lab.group("dlock_backend") + bare_lab.group("dlock_nodes"):
         assert bare_lab.ssh(host, "dpkg -s chrony").returncode != 0, "%s: chrony is still installed" % host
     job = {"name": "check-only", "command": ["true"], "schedule": "hourly", "once_per": "1h"}
-    done = site(bare_lab, backend_type, {"dlock_jobs_list": [job]}, "--check", check=False)
+    # The README's first command on a new fleet: --check --diff, read by an operator.
+    done = site(bare_lab, backend_type, {"dlock_jobs_list": [job]}, "--check", "--diff", check=False)
     assert done.returncode == 0, done.stdout[-6000:]
     assert re.search(r"changed=[1-9]", done.stdout)
+    # Settings to review, not the collection's code: no Python source in the diff (the engine's was 11,104
+    # of 12,393 lines), and the whole output within a bound.
+    source = re.findall(r"^\+\s*(?:def|class|import|from) \w.*$", done.stdout, re.M)
+    assert not source, source[:5]
+    lines = done.stdout.count("\n")
+    print("\n--check --diff of a first %s rollout on 1 backend + 1 node: %d lines" % (backend_type, lines))
+    assert lines <= DIFF_LINES_BOUND, done.stdout[:3000]
     # Nothing the real run would create (a user, a unit, a directory) is warned about as missing.
     assert not warnings(done), warnings(done)
     server = {"redis": "Redis", "postgresql": "PostgreSQL"}[backend_type]
