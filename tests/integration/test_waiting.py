@@ -157,10 +157,15 @@ def test_threads_of_one_process_are_all_served(backend_url, unique_key):
     waiters, grants = 6, 36
     options = LockOptions(ttl=10.0, on_contention="wait", wait_timeout=60.0)
     counts, done, guard, errors = collections.Counter(), [0], threading.Lock(), []
+    # Every waiter connected before the first asks: on a loaded machine a
+    # connection took long enough for the first thread to take 15 of the 36
+    # grants alone, with nobody in line behind it.
+    all_connected = threading.Barrier(waiters, timeout=120)
 
     def waiter(number):
         backend, owner = open_backend(backend_url), "t%d" % number
         try:
+            all_connected.wait()
             while True:
                 with guard:
                     if done[0] >= grants:

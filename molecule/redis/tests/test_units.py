@@ -40,7 +40,8 @@ def test_config_files_and_modes(host):
     assert (job.mode, job.group) == (0o640, "dlock")
     assert json.loads(job.content_string)["command"] == ["/bin/sleep", "1"]
     shell = json.loads(host.file("/etc/dlock/jobs/shell-line.json").content_string)
-    assert shell["command"][:2] == ["/bin/sh", "-c"]
+    # The line as written: molecule.yml's $$ reached the job as a $.
+    assert shell["command"] == ["/bin/sh", "-c", "echo $DLOCK_RUN_ID >/dev/null"], shell["command"]
 
 
 @pytest.mark.parametrize("unit", UNITS)
