@@ -346,14 +346,43 @@ def test_job_entry_keys_are_documented_as_suboptions():
     assert result.error_messages and "schedul" in result.error_messages[0]
 
 
-def test_changelog_has_the_release_of_galaxy_yml():
+def semantic(version):
+    """(major, minor, patch) of a release version."""
+    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", version)
+    assert match, "%r is not a semantic version (MAJOR.MINOR.PATCH)" % version
+    return tuple(int(part) for part in match.groups())
+
+
+def test_galaxy_yml_version_and_the_changelog_agree():
+    """galaxy.yml's version is either released (its changelog written, no
+    fragment left: a change after it needs the next version in galaxy.yml)
+    or the next one, above every release, that the fragments describe. 0.1.0
+    once shipped 16 fragments' worth of changes under its released number."""
     with open(os.path.join(ROOT, "galaxy.yml")) as handle:
         version = yaml.safe_load(handle)["version"]
     with open(os.path.join(ROOT, "changelogs", "changelog.yaml")) as handle:
         releases = yaml.safe_load(handle)["releases"]
-    assert version in releases and releases[version]["changes"]["release_summary"]
+    fragments = sorted(name for name in os.listdir(os.path.join(ROOT, "changelogs", "fragments"))
+                       if not name.startswith("."))
     out = subprocess.run([os.path.join(BIN, "antsibull-changelog"), "lint"], cwd=ROOT, capture_output=True,
                          text=True, env=galaxy_env(), timeout=120, check=False)
     assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
-    with open(os.path.join(ROOT, "CHANGELOG.rst")) as handle:
-        assert "v%s" % version in handle.read()
+    # The engine says the same version (dlock --version, the runner's log).
+    with open(os.path.join(ROOT, "plugins", "module_utils", "dlock", "__init__.py")) as handle:
+        assert re.search(r'^__version__ = "%s"$' % re.escape(version), handle.read(), re.M), "engine __version__"
+    # The README's install examples name it.
+    with open(os.path.join(ROOT, "README.md")) as handle:
+        readme = handle.read()
+    major, minor, _patch = semantic(version)
+    assert "dlock-fleet-%s.tar.gz" % version in readme and '">=%d.%d.0,<%d.%d.0"' % (
+        major, minor, major, minor + 1) in readme, "the README's install examples name another version"
+    if version in releases:
+        assert releases[version]["changes"]["release_summary"]
+        assert not fragments, ("galaxy.yml's %s is released, and changelogs/fragments/ holds changes after it: "
+                               "set the next version in galaxy.yml (%s)" % (version, ", ".join(fragments)))
+        with open(os.path.join(ROOT, "CHANGELOG.rst")) as handle:
+            assert "v%s" % version in handle.read()
+    else:
+        latest = max(releases, key=semantic)
+        assert semantic(version) > semantic(latest), "galaxy.yml's %s is not above the last release %s" % (
+            version, latest)
