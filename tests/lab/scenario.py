@@ -32,7 +32,7 @@ import sys
 
 import yaml
 
-from rollout import ROOT, collections_path, password_file, site
+from rollout import ROOT, collections_path, password_file, read_password, site
 
 EPHEMERAL_MARK = "${MOLECULE_EPHEMERAL_DIRECTORY}"
 MOLECULE_SSH_ARGS = ("-o UserKnownHostsFile=/dev/null -o ControlMaster=auto -o ControlPersist=60s -o ForwardX11=no "
@@ -82,12 +82,15 @@ def hosts(lab):
     return {"all": {"children": groups}}
 
 
+# The kinds of password the lab's rollouts generate (rollout.password_file's
+# arguments), and the name a scenario gives each.
+PASSWORD_KINDS = [("backend.password", {}), ("backend-admin.password", {"admin": True})] + [
+    ("dlock-patroni-%s.password" % patroni, {"patroni": patroni}) for patroni in PATRONI_PASSWORDS]
+
+
 def lab_passwords(lab):
     """{the name a scenario gives a generated password: the lab's file of it}."""
-    names = {"backend.password": password_file(lab), "backend-admin.password": password_file(lab, admin=True)}
-    for patroni in PATRONI_PASSWORDS:
-        names["dlock-patroni-%s.password" % patroni] = password_file(lab, patroni=patroni)
-    return names
+    return dict((name, password_file(lab, **kind)) for name, kind in PASSWORD_KINDS)
 
 
 def group_vars(name, ephemeral="/nonexistent"):
@@ -103,11 +106,6 @@ def group_vars(name, ephemeral="/nonexistent"):
 
 def backend_type(name):
     return group_vars(name)["all"]["dlock_backend_type"]
-
-
-def jobs(name):
-    """The scenario's dlock_jobs_list (a lab test adds its own to it)."""
-    return group_vars(name)["all"].get("dlock_jobs_list", [])
 
 
 # The scenario's variables that decide the lab's shape (rollout.site reads them
@@ -178,9 +176,4 @@ def idempotent_and_verified(lab, name, capsys, extra_vars=None):
 
 def passwords(lab):
     """The generated passwords that exist (to keep them out of a failure's message)."""
-    found = []
-    for path in lab_passwords(lab).values():
-        if os.path.exists(path):
-            with open(path) as handle:
-                found.append(handle.read().split(" salt=")[0].strip())
-    return found
+    return [read_password(lab, **kind) for _name, kind in PASSWORD_KINDS if os.path.exists(password_file(lab, **kind))]

@@ -372,7 +372,7 @@ def _password_span(url):
     split would then put it in the path or the query, where no check looks
     and every later message would show it. A ':' after a '/', '?', '#' or
     '@' is not a user's (user@host:port/db?sslrootcert=/a@b has none); the
-    split netloc is checked as well (_netloc_password)."""
+    split netloc's user part is checked as well (backend_url, redact_url)."""
     scheme, sep, rest = url.partition("://")
     userinfo, at, _host = rest.rpartition("@")
     user, colon, _password = userinfo.partition(":")
