@@ -8,6 +8,7 @@ job file without having passed a validator."""
 
 from __future__ import annotations
 
+import datetime
 import re
 
 from ansible.errors import AnsibleFilterError
@@ -28,6 +29,16 @@ SCHEDULE = re.compile(r"[A-Za-z0-9 _*:,./~+-]+")
 CRON_SHORTHANDS = {"@hourly": "hourly", "@daily": "daily", "@midnight": "daily", "@weekly": "weekly",
                    "@monthly": "monthly", "@yearly": "yearly", "@annually": "yearly"}
 CRON_LINE = re.compile(r"[0-9*/,-]+(?: +[0-9*/,-]+){4}")  # five fields; an OnCalendar time has a ':'
+# systemd's calendar shorthands, as the expressions they stand for (systemd.time(7));
+# the names are case-insensitive, as systemd reads them.
+CALENDAR_SHORTHANDS = {"minutely": "*-*-* *:*:00", "hourly": "*-*-* *:00:00", "daily": "*-*-* 00:00:00",
+                       "weekly": "Mon *-*-* 00:00:00", "monthly": "*-*-01 00:00:00",
+                       "quarterly": "*-01,04,07,10-01 00:00:00", "semiannually": "*-01,07-01 00:00:00",
+                       "yearly": "*-01-01 00:00:00", "annually": "*-01-01 00:00:00"}
+WEEKDAYS = (("mon", "monday"), ("tue", "tuesday"), ("wed", "wednesday"), ("thu", "thursday"), ("fri", "friday"),
+            ("sat", "saturday"), ("sun", "sunday"))
+# One calendar component item: N, N..M, N/R or N..M/R (a list of them is comma-separated).
+CALENDAR_ITEM = re.compile(r"([0-9]{1,4})(?:\.\.([0-9]{1,4}))?(?:/([0-9]{1,4}))?")
 DIRECTIVE = re.compile(r"[A-Z][A-Za-z0-9]{1,63}")
 # Directives the role writes itself and that decide what runs, as whom and
 # how a run is judged: unit_settings may not replace or add to them.
@@ -113,6 +124,130 @@ def _check_slot_window(job, where, lock_options, default_delay):
                              validate.format_duration(once_per)))
 
 
+def _calendar_values(text, low, high):
+    """The sorted values of one component of an OnCalendar expression (*, or a
+    comma list of N, N..M, N/R, N..M/R), or None for anything else (fractions
+    of a second, the last days of a month ~, values out of range)."""
+    if text == "*":
+        return list(range(low, high + 1))
+    values = set()
+    for item in text.split(","):
+        match = CALENDAR_ITEM.fullmatch(item)
+        if not match:
+            return None
+        first = int(match.group(1))
+        step = int(match.group(3) or 1)
+        last = int(match.group(2)) if match.group(2) else (high if match.group(3) else first)
+        # What systemd refuses (a repetition wider than the component's range,
+        # N/R repeated past its end: *:50/20) is left to systemd-analyze on the node.
+        if not low <= first <= last <= high or not 1 <= step <= high - low:
+            return None
+        if match.group(3) and not match.group(2) and first + step > high:
+            return None
+        values.update(range(first, last + 1, step))
+    return sorted(values)
+
+
+def _weekdays(text):
+    """The weekday numbers (0 = Monday) of a weekday list (Mon..Fri,Sun), or None."""
+    names = dict((name, number) for number, pair in enumerate(WEEKDAYS) for name in pair)
+    days = set()
+    for item in text.lower().split(","):
+        first, _sep, last = item.partition("..")
+        if first not in names or (last or first) not in names or names[first] > names[last or first]:
+            return None
+        days.update(range(names[first], names[last or first] + 1))
+    return days
+
+
+def _firing_days(weekdays, month_day):
+    """The days (ordinals) a schedule fires on, over enough days to hold its
+    smallest gap between two of them."""
+    if month_day is None:  # every day of every month: any 15 days hold each gap of the week
+        months, days = set(range(1, 13)), set(range(1, 32))
+        first, last = datetime.date(2000, 1, 3), datetime.date(2000, 1, 18)
+    else:
+        # Month lengths, leap years and weekdays repeat every 28 years from
+        # 1901 to 2099: 29 years hold every gap of a month or less.
+        months, days = set(month_day[0]), set(month_day[1])
+        first, last = datetime.date(2000, 1, 1), datetime.date(2029, 1, 1)
+    found = []
+    for ordinal in range(first.toordinal(), last.toordinal()):
+        day = datetime.date.fromordinal(ordinal)
+        if day.weekday() in weekdays and day.month in months and day.day in days:
+            found.append(ordinal)
+    return found
+
+
+def schedule_period(expression):
+    """The smallest gap, in seconds, between two firings of an OnCalendar
+    expression, or None where it cannot be told from the expression alone.
+
+    Known: the shorthands (hourly, daily...), and [WEEKDAYS] [[*-]MONTH-DAY]
+    [HOUR:MINUTE[:SECOND]] [TIME ZONE] with whole seconds and any year (*).
+    Not known, and so not checked here: a year named (a schedule that ends),
+    the last days of a month (~), fractions of a second. The gap is nominal,
+    in the expression's own time: a daylight saving change that makes one
+    local day 23 hours long does not make 'daily' a 23-hour period."""
+    words = expression.split()
+    if not words:
+        return None
+    if words[0].lower() in CALENDAR_SHORTHANDS:
+        words = CALENDAR_SHORTHANDS[words[0].lower()].split() + words[1:]
+    weekdays = set(range(7))
+    if words and words[0][:1].isalpha():
+        weekdays = _weekdays(words.pop(0))
+        if weekdays is None:
+            return None
+    month_day = None
+    if words and "-" in words[0] and ":" not in words[0] and not words[0][:1].isalpha():
+        parts = words.pop(0).split("-")
+        if len(parts) == 3 and parts[0] != "*" or len(parts) not in (2, 3):
+            return None  # a year named: the schedule ends
+        months, days = _calendar_values(parts[-2], 1, 12), _calendar_values(parts[-1], 1, 31)
+        if months is None or days is None:
+            return None
+        if (months, days) != (list(range(1, 13)), list(range(1, 32))):
+            month_day = (months, days)
+    clock = ["00", "00", "00"]
+    if words and ":" in words[0]:
+        clock = words.pop(0).split(":") + ["00"]
+        if len(clock) not in (3, 4):
+            return None
+    if words and words[-1][:1].isalpha():
+        words.pop()  # a time zone: the gaps stay what the expression says
+    if words:
+        return None
+    hours, minutes, seconds = (_calendar_values(clock[0], 0, 23), _calendar_values(clock[1], 0, 59),
+                               _calendar_values(clock[2], 0, 59))
+    if hours is None or minutes is None or seconds is None:
+        return None
+    times = sorted(h * 3600 + m * 60 + s for h in hours for m in minutes for s in seconds)
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    days = _firing_days(weekdays, month_day)
+    if len(days) > 1:  # from the last firing of one day to the first of the next
+        gaps.append(min(later - earlier for earlier, later in zip(days, days[1:])) * 86400 - (times[-1] - times[0]))
+    return float(min(gaps)) if gaps else None
+
+
+def _check_period(job, where, lock_options, schedule):
+    """A slot longer than the schedule's period swallows firings silently:
+    hourly with once_per 1d runs once a day. Checked where the period is
+    known from the expression (schedule_period); elsewhere not."""
+    if lock_options.once_per is None:
+        return
+    period = schedule_period(schedule)
+    if period is None or lock_options.once_per <= period:
+        return
+    field = "once_per" if job.get("once_per") is not None else "once_per of dlock_runner_defaults"
+    raise ConfigError("%s: %s (%s) is longer than the period of its schedule %s (%s, the shortest time between "
+                      "two firings): it would run once per %s and skip the other firings; make once_per %s or "
+                      "less, or the schedule sparser"
+                      % (where, field, validate.format_duration(lock_options.once_per), validate.shown(schedule),
+                         validate.format_duration(period), validate.format_duration(lock_options.once_per),
+                         validate.format_duration(period)))
+
+
 def _schedule(value, where):
     """The job's OnCalendar expression (systemd-analyze checks it on the node,
     in the role's preflight); cron's forms are refused with what to write."""
@@ -137,6 +272,7 @@ def _present(job, where, defaults, default_delay, scheme):
         "file": content,
     }
     _check_slot_window(job, where, lock_options, default_delay)
+    _check_period(job, where, lock_options, entry["schedule"])
     for name in ("randomized_delay", "accuracy"):
         if job.get(name) is not None:
             entry[name + "_sec"] = "%gs" % validate.duration(job[name], "%s: %s" % (where, name))

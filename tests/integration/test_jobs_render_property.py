@@ -2,12 +2,15 @@
 ones included; the dlock_jobs filter either refuses an entry with the field
 named, or the role's own templates render units that systemd-analyze verify
 accepts without a single warning and that hold exactly the intended settings.
+The period the filter holds once_per to is the smallest gap between two
+firings that systemd-analyze calendar lists for the same expression.
 
 Rendering is Ansible's own templating of the role's template files, with its
 defaults and vars (tests/render_helper.py)."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import subprocess
@@ -19,7 +22,8 @@ from ansible_cli import ROOT
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import dlock_jobs
+from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import (CALENDAR_SHORTHANDS, SCHEDULE, dlock_jobs,
+                                                                      schedule_period)
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import CONTROL
 
 ROLE = os.path.join(ROOT, "roles", "dlock_jobs")
@@ -179,3 +183,125 @@ def test_every_accepted_entry_renders_exactly_what_was_meant(render, tmp_path_fa
 def test_unit_settings_cannot_add_or_replace_what_runs(settings_, message):
     with pytest.raises(AnsibleFilterError, match=re.escape(message)):
         dlock_jobs([{"name": "x", "command": ["/bin/true"], "schedule": "hourly", "unit_settings": settings_}])
+
+
+# -- the schedule's period ----------------------------------------------------
+WEEKDAY_NAMES = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+
+
+@st.composite
+def calendar_component(draw, low, high, max_items=2, wildcard=True):
+    """(text, values) of one OnCalendar component: * or a comma list of N,
+    N..M, N/R (R at least a quarter of the range) and N..M/R; each item has
+    at most 4 values, so that systemd-analyze lists enough days of them."""
+    if wildcard and draw(st.integers(0, 4)) == 0:
+        return "*", set(range(low, high + 1))
+    items, values = [], set()
+    for _index in range(draw(st.integers(1, max_items))):
+        first = draw(st.integers(low, high))
+        kind = draw(st.sampled_from(["value", "range", "repeat", "range-repeat"]))
+        if kind == "value":
+            items.append("%d" % first)
+            values.add(first)
+        elif kind == "range":
+            last = draw(st.integers(first, min(high, first + 3)))
+            items.append("%d..%d" % (first, last))
+            values.update(range(first, last + 1))
+        else:
+            span = high - low
+            step = draw(st.integers(max(1, span // 4), span))
+            last = high if kind == "repeat" else draw(st.integers(first, high))
+            if kind == "repeat" and first + step > high:  # systemd refuses N/R repeated past the end
+                first = max(low, high - step)
+            items.append("%d/%d" % (first, step) if kind == "repeat" else "%d..%d/%d" % (first, last, step))
+            values.update(range(first, last + 1, step))
+    return ",".join(items), values
+
+
+@st.composite
+def calendar_expressions(draw):
+    """(expression, firings a day at most, whether the date is restricted)."""
+    if draw(st.integers(0, 9)) == 0:  # a shorthand, any case
+        name = draw(st.sampled_from(sorted(CALENDAR_SHORTHANDS)))
+        every_day = {"minutely": 1440, "hourly": 24, "daily": 1, "weekly": 1}
+        return (name.capitalize() if draw(st.booleans()) else name), every_day.get(name, 1), name not in every_day
+    words = []
+    if draw(st.booleans()):
+        first = draw(st.integers(0, 6))
+        last = draw(st.integers(first, 6))
+        words.append(WEEKDAY_NAMES[first] if first == last else "%s..%s" % (WEEKDAY_NAMES[first], WEEKDAY_NAMES[last]))
+    restricted = draw(st.booleans())
+    if restricted:  # days of the month: one time a day, so 3000 firings cover 29 years
+        months, _values = draw(calendar_component(1, 12, wildcard=True))
+        days, _values = draw(calendar_component(1, 31, wildcard=False))
+        words.append("*-%s-%s" % (months, days))
+        words.append("%02d:%02d" % (draw(st.integers(0, 23)), draw(st.integers(0, 59))))
+        per_day = 1
+    else:
+        if draw(st.booleans()):
+            words.append("*-*-*")
+        hours, hour_values = draw(calendar_component(0, 23))
+        minutes, minute_values = draw(calendar_component(0, 59, wildcard=False))
+        clock = "%s:%s" % (hours, minutes)
+        per_day = len(hour_values) * len(minute_values)
+        if draw(st.booleans()):
+            seconds, second_values = draw(calendar_component(0, 59, max_items=1, wildcard=False))
+            clock += ":" + seconds
+            per_day *= len(second_values)
+        words.append(clock)
+    if draw(st.booleans()):
+        words.append("UTC")
+    return " ".join(words), per_day, restricted
+
+
+def _firings(expression, iterations):
+    """The times systemd-analyze calendar lists for the expression from 2000
+    on, in UTC (its calendar ends in 2199); None if it refuses the expression."""
+    done = subprocess.run(["systemd-analyze", "calendar", "--iterations=%d" % iterations,
+                           "--base-time=2000-01-01 00:00:00", "--", expression],
+                          env=dict(os.environ, TZ="UTC"), capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:  # systemd's own quirks (*:0:5..5 is refused, *:5..5 is not)
+        assert "Failed to parse calendar specification" in done.stderr, done.stderr
+        return None
+    return [datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
+            for stamp in re.findall(r"(?:Next elapse|Iter\. #\d+): \w{3} (\S+ \S+) UTC", done.stdout)]
+
+
+YEAR = 366 * 86400.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(calendar_expressions())
+def test_the_period_is_the_smallest_gap_systemd_lists(case):
+    """The filter's period is the smallest gap between consecutive firings
+    that systemd lists: over 15 days for an every-day date (each gap of the
+    week); over 2000-2098 for days of the month (the 28-year cycle of month
+    lengths, leap years and weekdays, three times over; 2100 is no leap year).
+    Where the smallest gap is over a year, the period is not below it, or not
+    known: a once_per is at most 30 days."""
+    expression, per_day, restricted = case
+    firings = _firings(expression, 10000 if restricted else 15 * per_day + 1)
+    if firings is None:
+        return  # the node's preflight refuses it: no period to compare
+    if restricted:  # at most 8 days a month, one time each: 10000 firings reach past 2099
+        assert firings[-1].year >= 2099, (expression, firings[-1])
+        firings = [firing for firing in firings if firing.year < 2099]
+    else:
+        assert firings[-1] - firings[0] >= datetime.timedelta(days=14), expression
+    period = schedule_period(expression)
+    gaps = [(later - earlier).total_seconds() for earlier, later in zip(firings, firings[1:])]
+    if not gaps or min(gaps) > YEAR:
+        assert period is None or period >= min(gaps), (expression, period)
+    else:
+        assert period == min(gaps), (expression, period, min(gaps))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.from_regex(SCHEDULE, fullmatch=True), calendar_expressions().map(lambda case: case[0]),
+                 st.sampled_from(["*:0/0", "*:*:0/0.5", "*-02~03", "0..23/25:00", "9999:99", "*:0/9999",
+                                  "Mon..Sun,Fri..Mon", "1/1:1/1:1/1", "*-*-* *:*:* *"])))
+def test_any_schedule_text_gets_a_period_or_none(expression):
+    """Whatever passes the schedule's pattern, the period is a positive number
+    of seconds or None (not known): never an exception."""
+    period = schedule_period(expression)
+    assert period is None or period >= 1

@@ -1,9 +1,13 @@
 """Every role documents its variables in meta/argument_specs.yml, and the
-backend roles' preflight passes good input (bad input: test_role_hostile.py).
+backend roles' preflight passes good input (bad input: test_role_hostile.py;
+the jobs role's entries: the dlock_jobs filter's tests, and below what its
+preflight reports).
 Only the preflight tasks run (on localhost; they assert and ask
 `systemctl is-system-running`, nothing else)."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -65,3 +69,37 @@ def test_argument_specs_cover_the_defaults_and_validate(role):
             and not spec.get("no_log")] == []
     result = ArgumentSpecValidator(options).validate({}, validate_role_argument_spec=True)
     assert result.error_messages == []
+
+
+def fatal_results(out):
+    """The JSON result of every fatal line of a run."""
+    return [json.loads(match) for match in re.findall(r"^fatal: \[localhost\]: FAILED! => (\{.*?^\})", out, re.M | re.S)]
+
+
+JOB = {"name": "report", "command": ["/usr/bin/report"], "schedule": "hourly"}
+
+
+def test_the_jobs_preflight_refuses_a_once_per_longer_than_the_schedule(tmp_path):
+    proc = run_preflight(tmp_path, "dlock_jobs", {"dlock_jobs_list": [dict(JOB, once_per="1d")]})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out
+    [result] = fatal_results(proc.stdout)
+    assert "dlock_jobs_list[0] (report): once_per (1d) is longer than the period of its schedule 'hourly' (1h, " \
+        "the shortest time between two firings)" in result["msg"], result["msg"]
+
+
+def test_bad_schedules_are_named_in_one_short_message(tmp_path):
+    """systemd-analyze's verdict on each bad schedule, in one assertion whose
+    result is the message: no registered result dumped before it."""
+    jobs = [JOB, dict(JOB, name="typo", schedule="Fri..Mon 01:00"), dict(JOB, name="prose", schedule="every tuesday")]
+    proc = run_preflight(tmp_path, "dlock_jobs", {"dlock_jobs_list": jobs})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    [result] = fatal_results(proc.stdout)
+    assert sorted(result) == ["assertion", "changed", "evaluated_to", "msg"], result
+    assert result["msg"] == (
+        "dlock_jobs: job typo: schedule \"Fri..Mon 01:00\" is not a valid systemd OnCalendar expression (Failed "
+        "to parse calendar specification 'Fri..Mon 01:00': Invalid argument); job prose: schedule \"every "
+        "tuesday\" is not a valid systemd OnCalendar expression (Failed to parse calendar specification 'every "
+        "tuesday': Invalid argument)")

@@ -5,4 +5,4 @@ imports only and no ansible import: the same package is the engine of the
 Ansible module and, copied onto a node, the `dlock` runner (the node wrapper calls dlock.cli.main()).
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

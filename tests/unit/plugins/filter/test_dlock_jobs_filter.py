@@ -1,7 +1,7 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import dlock_jobs
+from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import dlock_jobs, schedule_period
 
 GOOD = {"name": "report", "command": ["/usr/bin/report"], "schedule": "hourly", "ttl": "2m", "once_per": "1h"}
 
@@ -41,6 +41,20 @@ def test_absent_job_needs_only_a_name():
     ([dict(GOOD, ttl="10s", renew_every="9s")], "must be below ttl (10s)"),
     ([dict(GOOD, once_per="5s", randomized_delay="2s", max_clock_skew="500ms")],
      "randomized_delay (2s) + max_clock_skew (500ms) must stay below half of once_per (5s)"),
+    # once_per longer than the schedule's period: firings skipped silently
+    ([dict(GOOD, once_per="1d")], "dlock_jobs_list[0] (report): once_per (1d) is longer than the period of its "
+                                  "schedule 'hourly' (1h, the shortest time between two firings): it would run once "
+                                  "per 1d and skip the other firings; make once_per 1h or less"),
+    ([dict(GOOD, schedule="*:0/15", once_per="1h")], "once_per (1h) is longer than the period of its schedule "
+                                                     "'*:0/15' (15m,"),
+    ([dict(GOOD, schedule="Mon,Thu 01:00 UTC", once_per="4d")], "schedule 'Mon,Thu 01:00 UTC' (3d,"),
+    ([dict(GOOD, schedule="monthly", once_per="30d")], "schedule 'monthly' (28d,"),
+    # hostile once_per values are refused as durations, before the period is looked at
+    ([dict(GOOD, once_per="NaN")], "(report): once_per: 'NaN' is not a duration"),
+    ([dict(GOOD, once_per=float("nan"))], "(report): once_per: nan is not a finite duration"),
+    ([dict(GOOD, once_per=1e308)], "(report): once_per: 1e+308 is above the maximum of 30d"),
+    ([dict(GOOD, once_per="1e308")], "(report): once_per: '1e308' is not a duration"),
+    ([dict(GOOD, once_per="hourly")], "(report): once_per: 'hourly' is not a duration"),
     ([dict(GOOD, colour="blue")], "unknown field 'colour'"),
     ([dict(GOOD, state="gone")], "state must be present or absent"),
     ([dict(GOOD, environment={"1X": "y"})], "environment"),
@@ -83,4 +97,42 @@ def test_the_runner_defaults_count_in_a_job_s_rule():
 @pytest.mark.parametrize("schedule", ["daily", "*:0/5", "*-*-* 03:00:00", "Mon..Fri 09:00", "*:*:0/5",
                                       "2026-12-01 00:00:00 UTC", "Sat,Sun 10:00"])
 def test_oncalendar_expressions_are_not_taken_for_cron(schedule):
-    assert dlock_jobs([dict(GOOD, schedule=schedule)])[0]["schedule"] == schedule
+    assert dlock_jobs([dict(GOOD, schedule=schedule, once_per=None)])[0]["schedule"] == schedule
+
+
+def test_once_per_from_the_runner_defaults_is_held_to_the_period_too():
+    with pytest.raises(AnsibleFilterError) as err:
+        dlock_jobs([dict(GOOD, once_per=None)], defaults={"once_per": "2h"})
+    assert "(report): once_per of dlock_runner_defaults (2h) is longer than the period of its schedule 'hourly'" \
+        in str(err.value)
+
+
+@pytest.mark.parametrize("schedule, once_per", [
+    ("hourly", "1h"), ("*:0/5", "5m"), ("daily", "1d"), ("*-*-* 02:00:00 Europe/Berlin", "1d"), ("weekly", "7d"),
+    ("Mon..Fri 09:00", "1d"), ("Sat,Sun 10:00", "1d"), ("*:*:0/5", "5s"), ("monthly", "28d"),
+    # period not known from the expression: not checked (systemd-analyze judges the expression on the node)
+    ("2026-12-01 00:00:00", "30d"), ("*-02~03", "30d"), ("*:*:0/0.5", "30d"),
+])
+def test_once_per_up_to_the_period_or_an_unknown_period_passes(schedule, once_per):
+    assert dlock_jobs([dict(GOOD, schedule=schedule, once_per=once_per)])[0]["file"]["once_per"] == once_per
+
+
+DAY = 86400.0
+
+
+@pytest.mark.parametrize("expression, period", [
+    ("minutely", 60.0), ("hourly", 3600.0), ("Daily", DAY), ("weekly", 7 * DAY), ("monthly", 28 * DAY),
+    ("quarterly", 90 * DAY), ("semiannually", 181 * DAY), ("yearly", 365 * DAY), ("hourly UTC", 3600.0),
+    ("*:0/5", 300.0), ("*:*:0/5", 5.0), ("*-*-* *:*:*", 1.0), ("00/6:00", 6 * 3600.0), ("*:0..10/3", 180.0),
+    ("Mon..Fri 09:00", DAY), ("Mon,Thu 1:00", 3 * DAY), ("mon 9:00", 7 * DAY), ("Monday..Wednesday 10:00", DAY),
+    ("00,23:59", 3600.0),                 # 23:59, then 00:59 the next day
+    ("*-*-29 01:00", 29 * DAY),           # 29 February to 29 March in a leap year
+    ("Fri *-*-13", 28 * DAY),             # Friday the 13th of February and of March
+    ("*-*-01,15 04:00", 14 * DAY),        # 1 to 15 of any month, 15 February to 1 March
+    ("*-*-* 1:00 Etc/GMT-5", DAY),
+    # not known: a year named, the last days of a month, fractions of a second, not an expression
+    ("2026-12-01 00:00:00 UTC", None), ("*-02~03", None), ("*:*:0/0.5", None), ("*:5/70", None), ("*:50/20", None),
+    ("Fri..Mon 1:00", None), ("every tuesday-ish", None), ("", None), ("24:00", None), ("*:0/0", None),
+])
+def test_the_period_of_a_schedule(expression, period):
+    assert schedule_period(expression) == period
