@@ -9,7 +9,9 @@
   collections path, the module and the runbooks work from there alone,
   against a real redis-server;
 - the role READMEs' generated blocks are current, and the node wrapper
-  rendered from the runner role starts the engine's command line.
+  rendered from the runner role starts the engine's command line;
+- the passwords site.yml generates beside an inventory kept in the checkout
+  (INVENTORY_DIR/credentials/) are in neither the tarball nor git.
 """
 
 import json
@@ -55,10 +57,27 @@ def clean_tree(dest):
     return dest
 
 
+# site.yml's password lookups write, by default, in credentials/ beside the
+# inventory (test_site_credentials_are_beside_the_inventory): in a checkout,
+# beside the example inventory (examples/site) or an inventory at the top.
+# The lab's inventory and passwords live in its state directory
+# (/run/PREFIX-lab), molecule's in its ephemeral directory: not in a checkout.
+INVENTORY_DIRS = ["examples/site", "."]
+SITE_PASSWORDS = ["dlock-backend.password", "dlock-backend-admin.password"] + [
+    "dlock-patroni-%s.password" % name for name in ("etcd", "replication", "rewind", "restapi")]
+PLANTED = "Planted-Pw-5ecret-in-the-checkout"
+
+
+def credentials_paths():
+    return [os.path.normpath(os.path.join(inventory, "credentials", name))
+            for inventory in INVENTORY_DIRS for name in SITE_PASSWORDS]
+
+
 def make_used(tree):
     """What a development checkout gathers: the venv, build/ with the link back
     to the checkout (a loop), byte code, pytest and ansible-test leftovers, an
-    earlier tarball, ansible's local state."""
+    earlier tarball, ansible's local state, the passwords a site.yml run from
+    an inventory in the checkout generated."""
     os.makedirs(os.path.join(tree, ".venv", "bin"))
     with open(os.path.join(tree, ".venv", "pyvenv.cfg"), "w") as handle:
         handle.write("home = /usr/bin\n")
@@ -72,6 +91,10 @@ def make_used(tree):
         os.makedirs(os.path.join(tree, where))
     with open(os.path.join(tree, "dlock-fleet-0.0.9.tar.gz"), "wb") as handle:
         handle.write(b"old")
+    for rel in credentials_paths():
+        os.makedirs(os.path.join(tree, os.path.dirname(rel)), exist_ok=True)
+        with open(os.path.join(tree, rel), "w") as handle:
+            handle.write(PLANTED + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +168,33 @@ def test_used_checkout_builds_the_same_tarball_as_a_clean_one(release):
     # This very checkout, with whatever it gathered (.venv, build/, caches).
     assert sorted(members(release["checkout"])) == clean
     assert len(clean) > 100
+
+
+def test_site_credentials_are_beside_the_inventory():
+    """Every default of site.yml's password lookups is in credentials/ beside
+    the backend host's inventory: what the paths below stand for."""
+    with open(os.path.join(ROOT, "playbooks", "site.yml")) as handle:
+        site = handle.read()
+    defaults = re.findall(r"default\(hostvars\[groups\['dlock_backend'\]\[0\]\]\['inventory_dir'\] ~ '([^']*)'\)", site)
+    assert sorted(defaults) == ["/credentials", "/credentials/dlock-backend-admin.password",
+                                "/credentials/dlock-backend.password"], defaults
+    assert site.count("lookup('ansible.builtin.password'") + site.count("query('ansible.builtin.password'") == 3
+    assert "'/dlock-patroni-'" in site and "'.password'" in site
+
+
+def test_generated_passwords_stay_out_of_the_tarball_and_git(release):
+    """A checkout in which site.yml ran from an inventory inside it builds a
+    tarball with none of the passwords, and git ignores them."""
+    with tarfile.open(release["used"]) as archive:
+        names = archive.getnames()
+        assert not [name for name in names if "credentials" in name.split("/")], names
+        for member in archive.getmembers():
+            if member.isfile():
+                assert PLANTED.encode() not in archive.extractfile(member).read(), member.name
+    out = subprocess.run(["git", "-C", ROOT, "check-ignore", "--no-index", "--verbose"] + credentials_paths(),
+                         capture_output=True, text=True, timeout=60, check=False)
+    ignored = [line.split("\t")[1] for line in out.stdout.splitlines()]
+    assert sorted(ignored) == sorted(credentials_paths()), out.stdout + out.stderr
 
 
 def test_galaxy_metadata_points_nowhere_dead():
