@@ -23,14 +23,21 @@ nox.options.sessions = []  # `nox` alone lists nothing to run: name a session (-
 
 PYTEST = ("pytest", "--durations=15")
 LAB_PYTEST = PYTEST + ("-p", "no:cacheprovider")
-CLUSTER_LAB_TESTS = ("tests/lab/test_etcd_faults.py", "tests/lab/test_pg_faults.py", "tests/lab/test_etcd_members.py")
+ETCD_LAB_TESTS = ("tests/lab/test_etcd_faults.py", "tests/lab/test_etcd_members.py")
+PATRONI_LAB_TESTS = ("tests/lab/test_pg_faults.py",)
 BARE_LAB_TESTS = ("tests/lab/test_bare_hosts.py",)
+
+
+# The molecule scenarios (molecule/NAME; molecule/default is molecule's stub).
+SCENARIOS = ("redis", "postgresql", "etcd", "postgresql-ha")
 
 
 @nox.session(python=False, tags=["pr", "full"])
 def lint(session):
-    """ansible-lint (production profile) and promtool on the shipped alert rules."""
+    """ansible-lint (production profile), molecule's syntax check of every scenario, and promtool on the shipped
+    alert rules."""
     session.run("ansible-lint", external=True)
+    session.run("molecule", "syntax", *[arg for name in SCENARIOS for arg in ("-s", name)], external=True)
     session.run("promtool", "check", "rules", "roles/dlock_metrics/files/dlock.rules.yml", external=True)
     with session.chdir("roles/dlock_metrics/files"):
         session.run("promtool", "test", "rules", "dlock.rules.test.yml", external=True)
@@ -82,16 +89,23 @@ def lab_single(session):
     """The session lab dlkt (3 job nodes, a backend node): check mode on fresh hosts at -vvv --diff; site.yml with
     molecule/redis's variables, then molecule/postgresql's, each once, its idempotence at -vvv --diff and its verify
     set; every slot once; bad input refused in preflight; TLS; containment under a unit."""
-    ignore = ["--ignore=" + path for path in CLUSTER_LAB_TESTS + BARE_LAB_TESTS]
+    ignore = ["--ignore=" + path for path in ETCD_LAB_TESTS + PATRONI_LAB_TESTS + BARE_LAB_TESTS]
     session.run(*LAB_PYTEST, "tests/lab", *ignore, *session.posargs, external=True)
 
 
-@nox.session(name="lab-cluster", python=False, tags=["full"])
-def lab_cluster(session):
-    """The etcd lab dlke (3 backend nodes, 3 job nodes): etcd faults; then molecule/postgresql-ha rolled out on the
-    same nodes, its idempotence at -vvv --diff and its verify set, and the Patroni faults; then the membership
-    procedures (destructive: last)."""
-    session.run(*LAB_PYTEST, *CLUSTER_LAB_TESTS, *session.posargs, external=True)
+@nox.session(name="lab-etcd", python=False, tags=["full"])
+def lab_etcd(session):
+    """The etcd lab dlke (3 backend nodes, 3 job nodes): molecule/etcd rolled out once (client and peer TLS), its
+    idempotence at -vvv --diff and its verify set; the etcd faults; then the membership procedures (destructive:
+    last)."""
+    session.run(*LAB_PYTEST, *ETCD_LAB_TESTS, *session.posargs, external=True)
+
+
+@nox.session(name="lab-patroni", python=False, tags=["full"])
+def lab_patroni(session):
+    """The Patroni lab dlkh (3 backend nodes, 3 job nodes): molecule/postgresql-ha rolled out once, its idempotence
+    at -vvv --diff and its verify set; then the Patroni faults."""
+    session.run(*LAB_PYTEST, *PATRONI_LAB_TESTS, *session.posargs, external=True)
 
 
 @nox.session(name="lab-bare", python=False, tags=["full"])
@@ -101,16 +115,12 @@ def lab_bare(session):
 
 
 # The full suite converges each topology once (issue 20): lab-single rolls out
-# molecule/redis and molecule/postgresql and lab-cluster molecule/postgresql-ha,
-# each followed by its scenario's verify set (tests/lab/scenario.py). Only
-# etcd (its scenario's TLS is not yet the etcd fault tests' setup) still runs
-# whole under `molecule test` there. `nox -s "molecule(redis)"` runs any whole.
-MOLECULE_IN_FULL = ("etcd",)
-
-
+# molecule/redis and molecule/postgresql, lab-etcd molecule/etcd and
+# lab-patroni molecule/postgresql-ha, each followed by its scenario's
+# idempotence and verify set (tests/lab/scenario.py). `nox -s "molecule(etcd)"`
+# runs one scenario whole, as molecule does: the developer's loop.
 @nox.session(python=False)
-@nox.parametrize("scenario", [nox.param(name, id=name, tags=["full"] if name in MOLECULE_IN_FULL else [])
-                              for name in ("redis", "postgresql", "etcd", "postgresql-ha")])
+@nox.parametrize("scenario", [nox.param(name, id=name) for name in SCENARIOS])
 def molecule(session, scenario):
     """molecule test -s SCENARIO: create, converge, idempotence, verify (pytest-testinfra), destroy."""
     session.run("molecule", "test", "-s", scenario, external=True)

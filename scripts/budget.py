@@ -41,6 +41,7 @@ OTHER_CHECKS = {
     "rule tests": re.compile(r"^Unit Testing: "),
     # molecule's own line (its closing summary repeats it without the level).
     "idempotence": re.compile(r"Idempotence completed successfully|^INFO\s.*idempotence: Executed: Successful"),
+    "molecule syntax": re.compile(r"^INFO\s.*syntax: Executed: Successful"),
 }
 LINT = re.compile(r"^Passed: 0 failure\(s\), 0 warning\(s\) (?:on|in) (\d+) files")
 # The lines that say what failed: pytest's short summary, ansible's failed tasks,

@@ -90,6 +90,11 @@ def test_the_callback_counts_rollouts_check_mode_and_failures_per_stage(tmp_path
      "\x1b[32mredis\x1b[0m \u279c \x1b[33midempotence\x1b[0m: \x1b[32mExecuted: Successful\x1b[0m",
      {"passed": 78, "idempotence": 1}),
     ("  SUCCESS: 12 rules found", {"rule files": 1}),
+    # molecule syntax of two scenarios: each said twice (the step, the summary)
+    ("\x1b[36mINFO    \x1b[0m \x1b[32mredis\x1b[0m \u279c \x1b[33msyntax\x1b[0m: \x1b[32mExecuted: Successful\x1b[0m\n"
+     "INFO     etcd \u279c syntax: Executed: Successful\n"
+     "redis \u279c syntax: Executed: Successful\netcd \u279c syntax: Executed: Successful",
+     {"molecule syntax": 2}),
     ("collected 0 items\n=== no tests ran in 0.01s ===", {}),
 ])
 def test_the_checks_a_stage_ran_are_read_from_its_output(text, expected):

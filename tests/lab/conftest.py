@@ -16,10 +16,9 @@ TEST_PREFIX = os.environ.get("DLOCK_LAB_PREFIX", "dlkt")
 TEST_SUBNET = os.environ.get("DLOCK_LAB_SUBNET", "10.77.1")
 
 # The etcd lab's modules run in this order, whatever their names sort as:
-# the etcd fault tests want the three members site.yml makes (and roll it
-# out), the Patroni fault tests put PostgreSQL on that cluster, and the
-# membership tests leave it with five.
-ETCD_LAB_ORDER = ("test_etcd_faults.py", "test_pg_faults.py", "test_etcd_members.py")
+# the fault tests want the three members the etcd scenario's rollout makes,
+# the membership tests leave five.
+ETCD_LAB_ORDER = ("test_etcd_faults.py", "test_etcd_members.py")
 
 
 def pytest_collection_modifyitems(items):
@@ -47,6 +46,22 @@ def installed_collection(tmp_path_factory):
         os.environ["DLOCK_COLLECTIONS_PATH"] = saved
 
 
+# The session's labs, as their fixtures boot them: each is checked whole after
+# every test module (no_fault_left).
+LABS = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_fault_left():
+    """After each test module: every node of every session lab running,
+    connected, reachable, not delayed, with no process stopped and no fault
+    drop-in left (lab.Lab.faults_left). A test that leaves a fault behind
+    fails here, in its own module, not in the next one."""
+    yield
+    left = dict((fleet.prefix, fleet.faults_left()) for fleet in LABS)
+    assert not any(left.values()), "faults left in place: %r" % left
+
+
 def needs_root():
     if os.geteuid() != 0:
         pytest.skip("the lab needs root (network namespaces, mounts, systemd-nspawn)")
@@ -63,26 +78,44 @@ def lab():
     fleet = Lab(prefix=TEST_PREFIX, subnet=TEST_SUBNET)
     try:
         fleet.up(nodes=3)
+        LABS.append(fleet)
         yield fleet
     finally:
+        if fleet in LABS:
+            LABS.remove(fleet)
         fleet.down()
+
+
+def cluster_lab(what, prefix, subnet):
+    """A lab of three backend nodes and three job nodes for one session, named
+    PREFIX on SUBNET unless DLOCK_WHAT_LAB_PREFIX / _SUBNET say otherwise;
+    removed at the end, unless DLOCK_WHAT_LAB_KEEP is set (to look at it
+    after a failure; a next run reuses it)."""
+    needs_root()
+    variable = "DLOCK_%s_LAB_" % what.upper()
+    fleet = Lab(prefix=os.environ.get(variable + "PREFIX", prefix), subnet=os.environ.get(variable + "SUBNET", subnet))
+    try:
+        fleet.up(nodes=3, backends=3)
+        LABS.append(fleet)
+        yield fleet
+    finally:
+        if fleet in LABS:
+            LABS.remove(fleet)
+        if not os.environ.get(variable + "KEEP"):
+            fleet.down()
 
 
 @pytest.fixture(scope="session")
 def etcd_lab():
-    """A lab of its own for the etcd fault and membership tests (three
-    backend nodes, three job nodes; prefix dlke on 10.77.8, or
-    DLOCK_ETCD_LAB_PREFIX / DLOCK_ETCD_LAB_SUBNET): the fault tests roll out
-    site.yml on it once, the membership tests then change the cluster's
-    members, so the suite boots and rolls out one etcd fleet, not two.
-    Removed at the end of the session, unless DLOCK_ETCD_LAB_KEEP is set (to
-    look at it after a failure; a next run reuses it)."""
-    needs_root()
-    fleet = Lab(prefix=os.environ.get("DLOCK_ETCD_LAB_PREFIX", "dlke"),
-                subnet=os.environ.get("DLOCK_ETCD_LAB_SUBNET", "10.77.8"))
-    try:
-        fleet.up(nodes=3, backends=3)
-        yield fleet
-    finally:
-        if not os.environ.get("DLOCK_ETCD_LAB_KEEP"):
-            fleet.down()
+    """The etcd lab (dlke on 10.77.8; DLOCK_ETCD_LAB_PREFIX, _SUBNET, _KEEP):
+    the etcd scenario rolled out once, its verify set, the fault tests, then
+    the membership tests, which grow it to five members."""
+    yield from cluster_lab("etcd", "dlke", "10.77.8")
+
+
+@pytest.fixture(scope="session")
+def patroni_lab():
+    """The Patroni lab (dlkh on 10.77.10; DLOCK_PATRONI_LAB_PREFIX, _SUBNET,
+    _KEEP): the postgresql-ha scenario rolled out once, its verify set, then
+    the Patroni fault tests."""
+    yield from cluster_lab("patroni", "dlkh", "10.77.10")

@@ -50,6 +50,10 @@ BOOT_TIMEOUT = 300  # seconds for `up`/`start` to see every node booted
 # Several backend nodes (an etcd cluster) are PREFIX-b1.. at .2..: below the
 # one-backend address .10 and the job nodes' .11 and up.
 MAX_BACKENDS = 8
+# The name a fault test gives the runtime drop-in that keeps a service down
+# (e.g. /run/systemd/system/etcd.service.d/faults.conf: Restart=no); one
+# left in place is a fault left in place (Lab.faults_left).
+FAULT_DROPIN = "faults.conf"
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -193,6 +197,15 @@ def cgroup_pids(name):
                     if exc.errno not in (errno.ENOENT, errno.ENODEV):
                         raise
     return pids
+
+
+def _process_state(pid):
+    """A process's state letter (R, S, T for stopped, ...), None once it exited."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
 
 
 def kill_cgroup(name):
@@ -781,6 +794,35 @@ class Lab:
         if not matched:
             raise LabError(f"{name}: no process matches {pattern!r}")
         return matched
+
+    def faults_left(self):
+        """What a test left of its faults, as [(node, what)]: a node not
+        running, cut off (its link down), delayed, unreachable over SSH, with
+        stopped (SIGSTOP) processes or a fault test's runtime drop-in
+        (FAULT_DROPIN). Empty when every node is whole: the lab fixtures
+        check it after each test module (tests/lab/conftest.py)."""
+        found = []
+        for entry in self.status():
+            name = entry["name"]
+            if not entry["running"]:
+                found.append((name, "not running"))
+                continue
+            if entry["link"] != "up":
+                found.append((name, "link " + entry["link"]))
+            if entry["delay"]:
+                found.append((name, "delayed: %r" % entry["delay"]))
+            stopped = sorted(pid for pid in cgroup_pids(name) if _process_state(pid) == "T")
+            if stopped:
+                found.append((name, "stopped processes: %s" % stopped))
+            if entry["link"] != "up":
+                continue
+            # A minute, not status()'s 10 s: a login can be slow on a busy lab host.
+            dropins = self.ssh(name, "find /run/systemd/system -name %s" % FAULT_DROPIN, timeout=60)
+            if dropins.returncode == 255:
+                found.append((name, "unreachable over SSH: %s" % dropins.stderr.strip()))
+            elif dropins.stdout.split():
+                found.append((name, "fault drop-ins: %s" % " ".join(dropins.stdout.split())))
+        return found
 
     # ----------------------------------------------------------------- access
 

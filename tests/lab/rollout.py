@@ -44,10 +44,10 @@ def _env():
     return env
 
 
-def ansible_playbook(lab, playbook, extra_vars, *args, check=True, capture=True):
+def ansible_playbook(lab, playbook, extra_vars, *args, check=True, capture=True, env=None):
     """ansible-playbook PLAYBOOK against the lab's inventory; extra vars go in a
-    temp file (never on the command line). A relative PLAYBOOK is one of the
-    collection's. Returns the CompletedProcess."""
+    temp file (never on the command line), ENV adds to its environment. A
+    relative PLAYBOOK is one of the collection's. Returns the CompletedProcess."""
     if not os.path.isabs(playbook):
         playbook = collection_file(playbook)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
@@ -56,7 +56,7 @@ def ansible_playbook(lab, playbook, extra_vars, *args, check=True, capture=True)
     try:
         done = subprocess.run(["ansible-playbook", "-i", lab.inventory, playbook,
                                "-e", "@" + varfile] + list(args),
-                              env=_env(), capture_output=capture, text=True, timeout=900, check=False)
+                              env=dict(_env(), **(env or {})), capture_output=capture, text=True, timeout=900, check=False)
     finally:
         os.unlink(varfile)
     if check and done.returncode != 0:
@@ -115,6 +115,11 @@ LAST_ROLLOUT = {}
 OUTPUT_ONLY_ARGS = ("-v", "-vv", "-vvv", "-vvvv", "--diff", "-D")
 
 
+def rollout_key(backend_type, extra_vars, args):
+    """What LAST_ROLLOUT keeps of a site.yml run: equal keys, equal rollouts."""
+    return (backend_type, json.dumps(extra_vars, sort_keys=True), tuple(a for a in args if a not in OUTPUT_ONLY_ARGS))
+
+
 def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
     """site.yml with dlock_backend_type: the backend role on the backend nodes
     (as many as backend_count wants, booted or removed first), chrony, the
@@ -128,8 +133,7 @@ def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
     done = ansible_playbook(lab, "playbooks/site.yml", site_vars, "-i", clock_inventory(lab), *args,
                             check=check, capture=capture)
     if done.returncode == 0 and "--check" not in args and "-C" not in args:
-        settled = tuple(arg for arg in args if arg not in OUTPUT_ONLY_ARGS)
-        LAST_ROLLOUT[lab.prefix] = (backend_type, json.dumps(extra_vars, sort_keys=True), settled)
+        LAST_ROLLOUT[lab.prefix] = rollout_key(backend_type, extra_vars, args)
     return done
 
 
@@ -140,7 +144,7 @@ def provisioned(lab, backend_type, any_jobs=False, inventory=None):
     was another; returns what the nodes use: the backend URL and its password."""
     last = LAST_ROLLOUT.get(lab.prefix)
     extra_vars, args = ({}, ("-i", inventory)) if inventory else ({"dlock_jobs_list": []}, ())
-    wanted = (backend_type, json.dumps(extra_vars, sort_keys=True), args)
+    wanted = rollout_key(backend_type, extra_vars, args)
     if last != wanted and not (any_jobs and last is not None and last[0] == backend_type and last[2] == ()):
         site(lab, backend_type, extra_vars, *args)
     config = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)
@@ -160,11 +164,15 @@ JOBS_PLAY = """\
 def jobs(lab, jobs_list, *args, check=True):
     """Only the dlock_jobs role on the job nodes, as an operator adds or
     removes a job on a fleet that site.yml already rolled out: seconds,
-    where a whole site.yml takes minutes."""
+    where a whole site.yml takes minutes. The role is told the runners'
+    backend URL (as the nodes have it, no password in it): its scheme decides
+    the timing rule the jobs' options must pass."""
     playbook = os.path.join(lab.state_dir, "jobs.yml")
     with open(playbook, "w") as handle:
         handle.write(JOBS_PLAY)
-    return ansible_playbook(lab, playbook, {"dlock_jobs_list": jobs_list}, *args, check=check)
+    config = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)
+    return ansible_playbook(lab, playbook, {"dlock_jobs_list": jobs_list, "dlock_jobs_backend_url": config["backend"]},
+                            *args, check=check)
 
 
 def password_file(lab, admin=False, patroni=None):

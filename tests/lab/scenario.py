@@ -32,7 +32,7 @@ import sys
 
 import yaml
 
-from rollout import ROOT, collections_path, password_file, read_password, site
+from rollout import LAST_ROLLOUT, ROOT, ansible_playbook, collections_path, password_file, read_password, rollout_key, site
 
 EPHEMERAL_MARK = "${MOLECULE_EPHEMERAL_DIRECTORY}"
 MOLECULE_SSH_ARGS = ("-o UserKnownHostsFile=/dev/null -o ControlMaster=auto -o ControlPersist=60s -o ForwardX11=no "
@@ -121,9 +121,39 @@ def site_vars(name, extra_vars=None):
     return values
 
 
-def converge(lab, name, extra_vars=None):
-    """site.yml with the scenario's inventory (and EXTRA_VARS on top)."""
-    return site(lab, backend_type(name), site_vars(name, extra_vars), "-i", inventory(lab, name))
+def playbooks(name):
+    """The scenario's own playbooks: {step: path}."""
+    with open(os.path.join(scenario_directory(name), "molecule.yml")) as handle:
+        named = yaml.safe_load(handle)["provisioner"].get("playbooks", {})
+    return dict((step, os.path.normpath(os.path.join(scenario_directory(name), path))) for step, path in named.items())
+
+
+def prepare(lab, name):
+    """The scenario's prepare playbook, if it has one (the TLS scenarios make
+    and install their certificates there), as molecule runs it: with the
+    scenario's inventory and its ephemeral directory in the environment. It
+    is idempotent: run again after nodes were added, it prepares those."""
+    playbook = playbooks(name).get("prepare")
+    if playbook:
+        ansible_playbook(lab, playbook, {}, "-i", inventory(lab, name),
+                         env={"MOLECULE_EPHEMERAL_DIRECTORY": ephemeral_directory(lab, name)})
+
+
+def converge(lab, name, extra_vars=None, *args):
+    """The scenario's prepare step, then site.yml with its inventory (EXTRA_VARS
+    and ARGS on top, e.g. a further inventory)."""
+    prepare(lab, name)
+    return site(lab, backend_type(name), site_vars(name, extra_vars), "-i", inventory(lab, name), *args)
+
+
+def converged(lab, name):
+    """The scenario converged on LAB: converge() unless the lab's last
+    rollout was that very one (in an earlier test module of the session)."""
+    args = ("-i", inventory(lab, name))
+    if LAST_ROLLOUT.get(lab.prefix) != rollout_key(backend_type(name), site_vars(name), args):
+        done = converge(lab, name)
+        assert "failed=0" in done.stdout
+    return lab
 
 
 def idempotence(lab, name, extra_vars=None):

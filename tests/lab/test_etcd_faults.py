@@ -18,8 +18,11 @@ order, runs that started while the member was lost, and no gap between runs
 longer than the TTL plus etcd's failover time (gap_bound says why).
 
 The etcd lab (conftest's etcd_lab, shared with the membership tests that
-run after these); one site.yml rollout for all the tests; each test leaves
-every member running and connected.
+run after these) has one site.yml rollout: the molecule/etcd scenario's
+(client and peer TLS, scenario.py), whose idempotence (at -vvv --diff) and
+verify set are checked on it before the faults; the ledger job then comes
+with the jobs role alone. Each test leaves every member running and
+connected.
 """
 
 import json
@@ -28,7 +31,9 @@ import time
 
 import faults
 import pytest
-from rollout import password_file, read_password, site
+import scenario
+from lab import FAULT_DROPIN
+from rollout import jobs, read_password
 
 pytestmark = pytest.mark.lab
 
@@ -42,7 +47,10 @@ TTL = 6.0
 # for that itself. With the randomized delay it stays below half of
 # once_per, as slots require.
 JOB_SPEC = faults.job_spec(TTL, renew_every="1.5s", op_timeout="3s", kill_grace="500ms", max_clock_skew="500ms")
-NO_RESTART = "/run/systemd/system/etcd.service.d/faults.conf"
+NO_RESTART = "/run/systemd/system/etcd.service.d/" + FAULT_DROPIN
+SCENARIO = "etcd"
+# The scenario's members speak TLS only: etcdctl on a member checks them with its CA.
+CA_FILE = scenario.group_vars(SCENARIO)["dlock_backend"]["dlock_etcd_tls_ca_file"]
 
 
 def gap_bound(election_timeout):
@@ -70,14 +78,14 @@ class EtcdFleet(faults.LedgerFleet):
     def __init__(self, lab, admin_password):
         super(EtcdFleet, self).__init__(lab)
         self.admin_password = admin_password
-        self.endpoints = ",".join("http://%s:2379" % lab.addr(m) for m in self.members)
+        self.endpoints = ",".join("https://%s:2379" % lab.addr(m) for m in self.members)
 
     def etcdctl(self, via, command):
         """etcdctl on member VIA against every member, as etcd's root (the
         password on etcdctl's prompt, over ssh's stdin). Returns stdout
         without the prompt; members that do not answer are left out."""
-        done = self.lab.ssh(via, "etcdctl --endpoints=%s --user root --command-timeout=2s -w json %s"
-                            % (self.endpoints, command), input=self.admin_password + "\n", timeout=30)
+        done = self.lab.ssh(via, "etcdctl --endpoints=%s --cacert %s --user root --command-timeout=2s -w json %s"
+                            % (self.endpoints, CA_FILE, command), input=self.admin_password + "\n", timeout=30)
         return done.stdout.split("Password:", 1)[-1].strip()
 
     def status(self, via):
@@ -114,17 +122,26 @@ class EtcdFleet(faults.LedgerFleet):
 
 
 @pytest.fixture(scope="module")
-def fleet(etcd_lab):
-    lab = etcd_lab
-    faults.install_ledger_job(lab)
-    done = site(lab, "etcd", {"dlock_jobs_list": [JOB_SPEC],
-                              "dlock_backend_admin_password_file": password_file(lab, admin=True)})
+def converged(etcd_lab):
+    done = scenario.converge(etcd_lab, SCENARIO)
     assert "failed=0" in done.stdout
+    return etcd_lab
+
+
+@pytest.fixture(scope="module")
+def fleet(converged):
+    lab = converged
+    faults.install_ledger_job(lab)
+    jobs(lab, [JOB_SPEC])
     admin = read_password(lab, admin=True)
     assert read_password(lab) != admin
     etcd = EtcdFleet(lab, admin)
-    etcd.stop_jobs()  # site.yml started the timers: each test starts them itself
+    etcd.stop_jobs()  # the jobs role started the timers: each test starts them itself
     return etcd
+
+
+def test_the_scenario_changes_nothing_again_and_passes_its_verify_set(converged, capsys):
+    scenario.idempotent_and_verified(converged, SCENARIO, capsys)
 
 
 def election_timeout(fleet):

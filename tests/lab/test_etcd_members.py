@@ -7,25 +7,48 @@ after each, the role's own health check passes on every member, etcd lists
 exactly the inventory's members, the lock data survived (fences only grow),
 and the runners' URL names every member.
 
-On the etcd lab that the fault tests rolled out (conftest's etcd_lab), after
-them: they want three members, these leave five."""
+On the etcd lab, after the fault tests (conftest's etcd_lab): they want the
+three members of the etcd scenario's rollout, these leave five. Every step's
+rollout is the scenario's (client and peer TLS; its prepare step makes a new
+member's certificate), with the procedure's inventory on top."""
 
 import json
 import os
 
 import pytest
-from rollout import provisioned, read_password, shape, site
+import scenario
+from rollout import read_password, shape
 
 pytestmark = pytest.mark.lab
 
 PROBE = "members-probe"
+SCENARIO = "etcd"
+# The scenario's members speak TLS only, to clients and to each other.
+CA_FILE = scenario.group_vars(SCENARIO)["dlock_backend"]["dlock_etcd_tls_ca_file"]
+
+
+def peer_url(lab, member):
+    return "https://%s:2380" % lab.addr(member)
+
+
+@pytest.fixture(scope="module")
+def members_lab(etcd_lab):
+    """The etcd lab as the scenario converged it (test_etcd_faults' rollout:
+    no new one when that module ran first)."""
+    return scenario.converged(etcd_lab, SCENARIO)
+
+
+def converge_joining(lab, joining):
+    """The procedure's rollout: the scenario's, with JOINING (new members)
+    set to join the existing cluster rather than form one."""
+    scenario.converge(lab, SCENARIO, None, "-i", existing_inventory(lab, joining))
 
 
 def etcdctl(lab, on, *args):
     """etcdctl as root on member ON, against its own endpoint; the password on
     stdin (etcdctl prompts for it, and prints the prompt on stdout)."""
-    command = "etcdctl --endpoints=http://%s:2379 --user root --dial-timeout=5s --command-timeout=15s %s" % (
-        lab.addr(on), " ".join(args))
+    command = "etcdctl --endpoints=https://%s:2379 --cacert %s --user root --dial-timeout=5s --command-timeout=15s %s" % (
+        lab.addr(on), CA_FILE, " ".join(args))
     done = lab.ssh(on, command, input=read_password(lab, admin=True) + "\n")
     assert done.returncode == 0, (command, done.stdout, done.stderr)
     return done.stdout.replace("Password: ", "")
@@ -65,7 +88,7 @@ def assert_cluster_is_the_inventory(lab):
     listed = members(lab, backends[0])
     assert sorted(listed) == sorted(backends), listed
     for name, listing in listed.items():
-        assert listing[2] and listing[1] == ["http://%s:2380" % lab.addr(name)], (name, listing)  # started, peer URLs
+        assert listing[2] and listing[1] == [peer_url(lab, name)], (name, listing)  # started, peer URLs
     health = json.loads(etcdctl(lab, backends[0], "-w", "json", "endpoint", "health", "--cluster"))
     assert len(health) == len(backends) and all(h["health"] for h in health), health
     url = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)["backend"]
@@ -73,9 +96,8 @@ def assert_cluster_is_the_inventory(lab):
         assert "%s:2379" % lab.addr(name) in url, (name, url)
 
 
-def test_a_member_is_replaced_as_the_readme_says(etcd_lab):
-    lab = etcd_lab
-    provisioned(lab, "etcd", any_jobs=True)
+def test_a_member_is_replaced_as_the_readme_says(members_lab):
+    lab = members_lab
     backends = lab.group("dlock_backend")
     assert len(backends) == 3, backends
     first, old = backends[0], backends[-1]
@@ -87,18 +109,18 @@ def test_a_member_is_replaced_as_the_readme_says(etcd_lab):
     # ... the machine comes back empty: a removed member must never start with its old data.
     lab.ssh(old, "systemctl stop etcd && rm -rf /var/lib/etcd/dlock", check=True)
     # 2. Add it as a new member, 3. with initial_cluster_state existing, 4. run the role.
-    etcdctl(lab, first, "member", "add", old, "--peer-urls=http://%s:2380" % lab.addr(old))
-    site(lab, "etcd", {"dlock_jobs_list": []}, "-i", existing_inventory(lab, [old]))
+    etcdctl(lab, first, "member", "add", old, "--peer-urls=" + peer_url(lab, old))
+    converge_joining(lab, [old])
     assert members(lab, first)[old][0] != old_id  # a new member, not the old one back
     assert_cluster_is_the_inventory(lab)
     assert grant_fence(lab) > before  # the lock data (and its revision) survived the change
 
 
-def test_two_members_are_added_as_the_readme_says(etcd_lab):
+def test_two_members_are_added_as_the_readme_says(members_lab):
     """One at a time (etcd will not add a member while the last one added has
-    not joined): 3, then 4, then 5, each joined before the next is added."""
-    lab = etcd_lab
-    provisioned(lab, "etcd", any_jobs=True)
+    not joined): 3, then 4, then 5, each joined before the next is added.
+    Starts from the three members the replacement above left whole."""
+    lab = members_lab
     first = lab.group("dlock_backend")[0]
     before = grant_fence(lab)
     joined = []
@@ -107,10 +129,10 @@ def test_two_members_are_added_as_the_readme_says(etcd_lab):
         new = [name for name in lab.group("dlock_backend") if name not in members(lab, first)]
         assert len(new) == 1, new
         # 1. Add it, 2. existing on it, 3. site.yml on the whole group (and the nodes' URL).
-        etcdctl(lab, first, "member", "add", new[0], "--peer-urls=http://%s:2380" % lab.addr(new[0]))
+        etcdctl(lab, first, "member", "add", new[0], "--peer-urls=" + peer_url(lab, new[0]))
         assert grant_fence(lab) > before  # the quorum holds while the new member is not there yet
         joined += new
-        site(lab, "etcd", {"dlock_jobs_list": []}, "-i", existing_inventory(lab, joined))
+        converge_joining(lab, joined)
         assert_cluster_is_the_inventory(lab)
         assert grant_fence(lab) > before
     assert shape(lab, "etcd") == lab.group("dlock_backend")  # five stay five for etcd

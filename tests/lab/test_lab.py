@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from lab import Lab, LabError
+from lab import FAULT_DROPIN, Lab, LabError
 
 pytestmark = pytest.mark.lab
 
@@ -110,10 +110,12 @@ def test_partition_and_heal(lab):
     try:
         assert ping_failures(lab, other, [lab.addr(node)]) == [lab.addr(node)]
         assert lab.ssh(node, "true", timeout=30).returncode == 255
+        assert lab.faults_left() == [(node, "link down")]  # what the fixture check after each module sees
     finally:
         lab.heal(node)
     assert ping_failures(lab, other, [lab.addr(node)]) == []
     assert lab.ssh(node, "true").returncode == 0
+    assert lab.faults_left() == []
 
 
 def test_delay_and_loss(lab):
@@ -133,12 +135,20 @@ def test_pause_and_resume(lab):
     node = lab.group("dlock_nodes")[0]
     lab.ssh(node, "systemd-run --unit=lab-sleeper sleep 1000", check=True)
     try:
-        assert len(lab.pause(node, r"sleep 1000")) == 1
+        paused = lab.pause(node, r"sleep 1000")
+        assert len(paused) == 1
         assert lab.ssh(node, "ps -o stat= -C sleep", check=True).stdout.strip().startswith("T")
+        assert lab.faults_left() == [(node, "stopped processes: %s" % paused)]
         lab.resume(node, r"sleep 1000")
         assert lab.ssh(node, "ps -o stat= -C sleep", check=True).stdout.strip().startswith("S")
+        # A fault test's drop-in left behind is a fault left in place.
+        lab.ssh(node, "mkdir -p /run/systemd/system/lab-sleeper.service.d && "
+                      "touch /run/systemd/system/lab-sleeper.service.d/%s" % FAULT_DROPIN, check=True)
+        assert lab.faults_left() == [
+            (node, "fault drop-ins: /run/systemd/system/lab-sleeper.service.d/%s" % FAULT_DROPIN)]
     finally:
-        lab.ssh(node, "systemctl stop lab-sleeper")
+        lab.ssh(node, "systemctl stop lab-sleeper; rm -rf /run/systemd/system/lab-sleeper.service.d")
+    assert lab.faults_left() == []
 
 
 def test_down_removes_everything(lab):

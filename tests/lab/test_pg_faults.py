@@ -1,10 +1,9 @@
 """Faults of a PostgreSQL lock backend with Patroni on a real fleet (issue 13).
 
 site.yml with dlock_backend_type postgresql and dlock_postgresql_ha makes a
-Patroni cluster (PostgreSQL 15, synchronous_mode_strict) on the three
-backend nodes of the etcd lab (its store: the etcd cluster the etcd fault
-tests just used, on the same nodes) and points the job nodes at all its
-members (target_session_attrs=read-write). The ledger job runs as in the
+Patroni cluster (PostgreSQL 15, synchronous_mode_strict) on three backend
+nodes, with its store (an etcd cluster) on the same nodes, and points the
+job nodes at all its members (target_session_attrs=read-write). The ledger job runs as in the
 etcd fault tests (faults.py), while:
 
 - the primary's node crashes (PostgreSQL, Patroni and that etcd member
@@ -22,10 +21,9 @@ In every test: no two runs overlap, no slot runs twice, fencing tokens
 strictly increase in grant order across every leader change, and no gap is
 longer than the TTL plus Patroni's failover time (gap_bound says why).
 
-Runs on conftest's etcd_lab after test_etcd_faults.py and before
-test_etcd_members.py (conftest orders them), with one site.yml rollout: the
-molecule/postgresql-ha scenario's, whose idempotence (at -vvv --diff) and
-verify set are checked on it before the faults.
+Runs on conftest's patroni_lab, a lab of its own, with one site.yml
+rollout: the molecule/postgresql-ha scenario's, whose idempotence (at -vvv
+--diff) and verify set are checked on it before the faults.
 """
 
 import json
@@ -36,6 +34,7 @@ import faults
 import ledger
 import pytest
 import scenario
+from lab import FAULT_DROPIN
 from rollout import jobs
 
 pytestmark = pytest.mark.lab
@@ -49,7 +48,7 @@ TTL = 6.0
 # (clock margin) + 2 x 0.4 = 5.92 < 6. The lab's nodes share the host's clock.
 JOB_SPEC = faults.job_spec(TTL, renew_every="1.5s", op_timeout="3s", kill_grace="500ms", max_clock_skew="400ms")
 PATRONI = "/etc/patroni/config.yml"
-NO_RESTART = "/run/systemd/system/patroni.service.d/faults.conf"
+NO_RESTART = "/run/systemd/system/patroni.service.d/" + FAULT_DROPIN
 
 
 def gap_bound(ttl, loop_wait):
@@ -118,15 +117,10 @@ SCENARIO = "postgresql-ha"
 
 
 @pytest.fixture(scope="module")
-def converged(etcd_lab):
-    # The etcd fault tests' job goes first: its timing fits etcd, not a backend
-    # that counts leases on its wall clock (2 x max_clock_skew more), and a job
-    # file that no longer loads fails `dlock status` and `dlock metrics` for
-    # every job of the node (the verify set's metrics check saw it).
-    jobs(etcd_lab, [{"name": faults.JOB, "state": "absent"}])
-    done = scenario.converge(etcd_lab, SCENARIO)
+def converged(patroni_lab):
+    done = scenario.converge(patroni_lab, SCENARIO)
     assert "failed=0" in done.stdout
-    return etcd_lab
+    return patroni_lab
 
 
 @pytest.fixture(scope="module")

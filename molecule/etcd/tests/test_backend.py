@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
 
-from fleet_checks import address, secret, ssh_with_stdin  # noqa: E402
+from fleet_checks import address, group_addresses, secret, ssh_with_stdin  # noqa: E402
 
 testinfra_hosts = ["ansible://dlock_backend"]
 
@@ -26,6 +26,11 @@ def etcdctl(host, user, command, password=None):
     if done.stdout.startswith("Password:"):  # etcdctl prompts on stdout
         done.stdout = done.stdout.split("\n", 1)[1]
     return done
+
+
+def backends(host):
+    """The backend nodes' names, in inventory order (the etcd members)."""
+    return host.ansible.get_variables()["groups"]["dlock_backend"]
 
 
 def as_root(host, command):
@@ -46,7 +51,7 @@ def test_etcd_runs_with_the_documented_settings(host):
     assert values["ETCD_NAME"] == host.backend.get_hostname()
     assert values["ETCD_DATA_DIR"] == "/var/lib/etcd/dlock"
     assert values["ETCD_INITIAL_CLUSTER"] == ",".join(
-        "mle-b%d=https://10.77.6.%d:2380" % (i, i + 1) for i in (1, 2, 3))
+        "%s=https://%s:2380" % member for member in zip(backends(host), group_addresses(host, "dlock_backend")))
     # What the running etcd was given (its environment: Debian's unit passes no flags).
     pid = host.check_output("systemctl show -p MainPID --value etcd")
     environ = host.check_output("tr '\\0' '\\n' < /proc/%s/environ" % pid)
@@ -64,7 +69,7 @@ def test_etcd_runs_with_the_documented_settings(host):
 
 def test_one_cluster_of_three_with_one_leader(host):
     members = as_root(host, "member list")["members"]
-    assert sorted(m["name"] for m in members) == ["mle-b1", "mle-b2", "mle-b3"]
+    assert sorted(m["name"] for m in members) == sorted(backends(host)) and len(members) == 3, members
     statuses = as_root(host, "endpoint status --cluster")
     assert len(statuses) == 3
     leaders = set(s["Status"]["leader"] for s in statuses)

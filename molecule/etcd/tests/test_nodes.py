@@ -10,6 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 # The shared tests, imported to be collected here.
 from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
     JOB,
+    group_addresses,
     secret,
     test_force_release_ends_the_holders_run,
     test_job_unit_exposure,
@@ -24,7 +25,8 @@ testinfra_hosts = ["ansible://dlock_nodes"]
 def test_the_runner_names_every_member(host):
     config = host.file("/etc/dlock/dlock.json")
     settings = json.loads(config.content_string)
-    assert settings["backend"] == "etcd+https://dlock@10.77.6.2:2379,10.77.6.3:2379,10.77.6.4:2379/dlock"
+    members = ",".join("%s:2379" % member for member in group_addresses(host, "dlock_backend"))
+    assert settings["backend"] == "etcd+https://dlock@%s/dlock" % members
     assert settings["ca_file"] == "/etc/dlock/backend-ca.pem"
     assert secret("backend.password") not in config.content_string
     assert host.package("python3-etcd3gw").is_installed
@@ -40,5 +42,5 @@ def test_the_sample_job_runs(host):
 def test_a_runner_that_trusts_another_ca_is_refused(host):
     other = host.run("dlock check-clock --ca-file /etc/dlock/other-ca.pem")
     assert other.rc == 75 and "certificate verify failed" in other.stderr, other.stderr
-    plain = host.run("dlock check-clock --backend etcd://dlock@10.77.6.2:2379/dlock")
+    plain = host.run("dlock check-clock --backend etcd://dlock@%s:2379/dlock", group_addresses(host, "dlock_backend")[0])
     assert plain.rc == 75, plain.stdout + plain.stderr  # nothing answers plain HTTP
