@@ -13,7 +13,8 @@ options:
     description:
       - URL of the lock backend.
       - V(redis://[user@]host[:port][/db]), V(rediss://...) (TLS), V(postgresql://user@host/db)
-        (lease table), V(postgresql+advisory://...) or V(file:///dir).
+        (lease table), V(postgresql+advisory://...) (session advisory locks),
+        V(etcd://[user@]host1:2379[,host2:2379,...][/prefix]), V(etcd+https://...) (TLS) or V(file:///dir).
       - Never put a password in the URL; use O(backend_password) or O(backend_password_file).
       - Defaults to C(url) of the inventory variable C(dlock_backend).
     type: str
@@ -31,7 +32,8 @@ options:
     type: path
   ca_file:
     description:
-      - CA bundle to verify the backend's TLS certificate (V(rediss://), PostgreSQL C(sslmode=verify-full)).
+      - CA bundle to verify the backend's TLS certificate (V(rediss://), V(etcd+https://), PostgreSQL
+        C(sslmode=verify-full)).
       - Defaults to C(ca_file) of the inventory variable C(dlock_backend).
     type: path
   op_timeout:
@@ -46,8 +48,11 @@ notes:
     a mapping with the keys C(url), C(password), C(password_file), C(ca_file) and C(op_timeout)
     (or a plain URL string). Options given on the task override it field by field; a password or
     password file on the task replaces both of them.
+  - The backend's driver (see the requirements) is needed on the host that runs the lock operation, the
+    controller unless O(run_on=target), and only the one of the backend in use.
+# ansible-doc joins the requirements with commas: each is a phrase, not a sentence.
 requirements:
-  - redis >= 4.3 (Python package) for V(redis://) and V(rediss://) backends.
-  - psycopg >= 3.1 (Python package) for V(postgresql://) backends.
-  - On the host that runs the lock operation, the controller unless O(run_on=target).
+  - redis >= 4.3 (Python package) for V(redis://) and V(rediss://)
+  - psycopg >= 3.1 (Python package) for V(postgresql://) and V(postgresql+advisory://)
+  - etcd3gw >= 2.0 (Python package) for V(etcd://) and V(etcd+https://)
 """

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: dlock
-short_description: Take, release, inspect and break lease locks on Redis or PostgreSQL
+short_description: Take, release, inspect and break lease locks on Redis, PostgreSQL or etcd
 version_added: 0.1.0
 description:
   - Takes, releases, inspects and breaks the lease locks that the dlock runner uses on the fleet's
-    nodes, on a Redis or PostgreSQL backend, with owner checks and fencing tokens.
+    nodes, on a Redis, PostgreSQL or etcd backend, with owner checks and fencing tokens.
   - By default the lock operation runs on the controller (the action plugin), so targets need no
-    Redis or PostgreSQL driver; O(run_on=target) runs it on the target instead.
+    backend driver; O(run_on=target) runs it on the target instead.
   - Every task of one C(ansible-playbook) run uses the same owner token, so a lock acquired in one
     task is released by a later one, and hosts of the same run share the lock instead of waiting
     for each other.

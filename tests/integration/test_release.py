@@ -210,6 +210,49 @@ def test_galaxy_metadata_points_nowhere_dead():
         assert "example.invalid" not in text and "DESIGN" not in text, path
 
 
+def test_module_docs_name_every_backend_and_its_driver():
+    """ansible-doc of the module renders, names etcd beside Redis and
+    PostgreSQL, every scheme the engine takes, and each driver of
+    requirements.txt as a requirement (phrases: ansible-doc joins them with
+    commas, so a sentence's full stop read as 'backends., psycopg')."""
+    from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import SCHEMES
+
+    out = subprocess.run([os.path.join(BIN, "ansible-doc"), "dlock.fleet.dlock", "--json"], capture_output=True,
+                         text=True, env=galaxy_env(ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "build")), timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)["dlock.fleet.dlock"]["doc"]
+    assert "etcd" in doc["short_description"] and "etcd" in doc["description"][0]
+    url = " ".join(doc["options"]["backend_url"]["description"])
+    assert [scheme for scheme in SCHEMES if "V(%s://" % scheme not in url] == []
+    with open(os.path.join(ROOT, "requirements.txt")) as handle:
+        drivers = [line.strip().split(">=") for line in handle if line.strip() and not line.startswith("#")]
+    assert len(doc["requirements"]) == len(drivers) == 3
+    for (name, version), requirement in zip(drivers, doc["requirements"]):
+        assert requirement.startswith("%s >= %s (Python package) for " % (name, version)), requirement
+        assert not requirement.endswith("."), requirement
+
+
+def test_docs_list_failed_units_the_way_systemctl_takes_a_pattern():
+    """`systemctl --failed 'dlock-*'` stops at 'Unknown command verb dlock-*'
+    (Debian 12's systemd 252): --failed takes no pattern; `systemctl
+    list-units --failed 'dlock-*'` does. No shipped text says the former."""
+    wrong = re.compile(r"systemctl(?:\s+-\S+)*\s+--failed(?:\s+-\S+)*\s+[^\s`-]")
+    paths = [os.path.join(ROOT, "README.md")]
+    for top in ("roles", "playbooks", "examples", "plugins", "meta"):
+        for folder, _dirs, files in os.walk(os.path.join(ROOT, top)):
+            paths += [os.path.join(folder, name) for name in files
+                      if name.endswith((".md", ".yml", ".yaml", ".j2", ".py", ".sh"))]
+    found = []
+    for path in paths:
+        with open(path) as handle:
+            text = " ".join(handle.read().split())  # a command may wrap over lines
+        found += [(path, match.group(0)) for match in wrong.finditer(text)]
+    assert found == []
+    with open(os.path.join(ROOT, "README.md")) as handle:
+        assert "systemctl list-units --failed 'dlock-*'" in " ".join(handle.read().split())
+
+
 def test_role_readmes_are_current():
     assert role_readmes.main(["--check"]) == 0
     for role in ROLES:
@@ -217,6 +260,7 @@ def test_role_readmes_are_current():
             text = handle.read()
         for heading in ("## Supported platforms", "## Variables", "## Example"):
             assert heading in text, (role, heading)
+        assert "{{" not in text.split("<!-- BEGIN VARIABLES", 1)[1].split("<!-- END VARIABLES", 1)[0], role
         assert "dlock.fleet.%s" % role in text.split("## Example", 1)[1], role
 
 

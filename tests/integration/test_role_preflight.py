@@ -69,6 +69,13 @@ def test_argument_specs_cover_the_defaults_and_validate(role):
             and not spec.get("no_log")] == []
     result = ArgumentSpecValidator(options).validate({}, validate_role_argument_spec=True)
     assert result.error_messages == []
+    # A default that Jinja computes is told in words ("Default - ..."): the
+    # role's README and ansible-doc would show a spec default as written.
+    for name, spec in options.items():
+        description = " ".join(spec["description"]) if isinstance(spec["description"], list) else spec["description"]
+        if "{{" in str(defaults[name]):
+            assert "default" not in spec and "Default - " in description, name
+        assert "{{" not in str(spec.get("default", "")), name
 
 
 def fatal_results(out):
