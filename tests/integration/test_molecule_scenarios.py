@@ -15,8 +15,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "lab"))
 
 import scenario  # noqa: E402
 
+# A scenario has a molecule.yml and a verify set (molecule/common holds the shared checks, no scenario).
 SCENARIOS = sorted(name for name in os.listdir(os.path.join(ROOT, "molecule"))
-                   if os.path.exists(os.path.join(ROOT, "molecule", name, "tests")))
+                   if all(os.path.exists(os.path.join(ROOT, "molecule", name, part)) for part in ("molecule.yml", "tests")))
 
 
 def test_every_scenario_with_a_verify_set_is_here():
@@ -37,3 +38,9 @@ def test_the_lab_reads_a_scenario_as_molecule_does(name, tmp_path, monkeypatch):
     expected = molecule_view._combine()["provisioner"]["inventory"]["group_vars"]  # pylint: disable=protected-access
     assert scenario.group_vars(name, ephemeral) == expected
     assert scenario.backend_type(name) in ("redis", "postgresql", "etcd")
+    # The verify set: the same test modules, in the same order, and the shared ones there.
+    molecule_paths = [molecule_view.verifier.directory] + molecule_view.verifier.additional_files_or_dirs
+    assert scenario.verify_paths(name) == [os.path.normpath(os.path.join(ROOT, path)) for path in molecule_paths]
+    shared = [os.path.basename(path) for path in scenario.verify_paths(name)[1:]]
+    assert shared[:2] == ["test_every_host.py", "test_job_nodes.py"] and shared[-1] == "test_no_secret.py", shared
+    assert ("test_pg_members.py" in shared) == (scenario.backend_type(name) == "postgresql"), shared

@@ -22,10 +22,11 @@ What molecule would give the tests, the lab gives them here:
   MOLECULE_SCENARIO_DIRECTORY and MOLECULE_PROJECT_DIRECTORY, and the lab's
   prefix and subnet for the tests that call lab.py.
 The -vvv --diff idempotence run (changed=0, no secret in its output) is
-saved in the ephemeral directory as idempotence.log; the scenario's
-test_secrets.py reads it there (fleet_checks.verbose_run).
+saved in the ephemeral directory as idempotence.log; the shared
+molecule/common/tests/test_no_secret.py reads it there (verbose_run).
 """
 
+import glob
 import os
 import subprocess
 import sys
@@ -128,6 +129,26 @@ def playbooks(name):
     return dict((step, os.path.normpath(os.path.join(scenario_directory(name), path))) for step, path in named.items())
 
 
+BASE_CONFIG = os.path.join(ROOT, ".config", "molecule", "config.yml")
+
+
+def verify_paths(name):
+    """What molecule's testinfra verifier gives pytest, in its order: the
+    scenario's tests directory, then the shared checks its
+    additional_files_or_dirs names (the scenario's list, else the base
+    config's; relative to that directory; globs expanded)."""
+    tests = os.path.join(scenario_directory(name), "tests")
+    with open(os.path.join(scenario_directory(name), "molecule.yml")) as handle:
+        own = yaml.safe_load(handle).get("verifier", {})
+    with open(BASE_CONFIG) as handle:
+        base = yaml.safe_load(handle).get("verifier", {})
+    additional = own.get("additional_files_or_dirs", base.get("additional_files_or_dirs", []))
+    found = [tests]
+    for pattern in additional:
+        found += [os.path.normpath(path) for path in glob.glob(os.path.join(glob.escape(tests), pattern))]
+    return found
+
+
 def prepare(lab, name):
     """The scenario's prepare playbook, if it has one (the TLS scenarios make
     and install their certificates there), as molecule runs it: with the
@@ -180,7 +201,7 @@ def verify(lab, name):
                ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_NOCOLOR="1")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "--ansible-inventory", path,
-            "--connection", "ansible", os.path.join(scenario_directory(name), "tests")]
+            "--connection", "ansible"] + verify_paths(name)
     return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False)
 
 

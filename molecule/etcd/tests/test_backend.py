@@ -6,14 +6,14 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
 
 from fleet_checks import address, group_addresses, secret, ssh_with_stdin  # noqa: E402
 
 testinfra_hosts = ["ansible://dlock_backend"]
 
 SETTINGS = "/etc/default/etcd"
-TLS_DIR = "/etc/etcd/tls"  # molecule/shared/tls_prepare.yml
+TLS_DIR = "/etc/etcd/tls"  # molecule/common/tls_prepare.yml
 
 
 def etcdctl(host, user, command, password=None):

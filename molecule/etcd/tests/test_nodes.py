@@ -1,22 +1,18 @@
 """The job nodes of the etcd scenario: the runner against all three members
-as the prefix-limited user, metrics, unit hardening, the password in use."""
+as the prefix-limited user, over verified TLS only. (Metrics, unit
+hardening, the password in use: the checks every scenario shares,
+molecule/common/tests.)"""
 
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
 
-# The shared tests, imported to be collected here.
-from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
+from fleet_checks import (  # noqa: E402
     JOB,
     group_addresses,
     secret,
-    test_force_release_ends_the_holders_run,
-    test_job_unit_exposure,
-    test_password_is_in_use,
-    test_runner_commands_work_with_the_backend,
-    test_textfile_metrics_served_over_http_and_clean,
 )
 
 testinfra_hosts = ["ansible://dlock_nodes"]

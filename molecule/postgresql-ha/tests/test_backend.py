@@ -12,17 +12,11 @@ import sys
 import urllib.error
 import urllib.request
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
 
 from fleet_checks import address, group_addresses, secret, ssh_with_stdin  # noqa: E402
 
-# The shared tests, imported to be collected here.
-from pg_checks import (  # noqa: E402,F401  pylint: disable=unused-import
-    sql,
-    test_a_host_outside_pg_hba_is_refused,
-    test_the_password_is_stored_as_a_scram_verifier_of_it,
-    test_the_role_has_least_privilege,
-)
+from pg_checks import sql  # noqa: E402
 
 testinfra_hosts = ["ansible://dlock_backend"]
 

@@ -1,30 +1,19 @@
 """The job nodes of the PostgreSQL HA scenario: the runner against every
-Patroni member (the URL lists them; only the read-write one is used), the
-least-privilege role and what it cannot do, metrics, unit hardening, the
-password in use."""
+Patroni member (the URL lists them; only the read-write one is used).
+(What the role cannot do: molecule/common/tests/test_pg_runners.py;
+metrics, unit hardening, the password in use: the checks every scenario
+shares, beside it.)"""
 
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
 
-# The shared tests, imported to be collected here.
-from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
+from fleet_checks import (  # noqa: E402
     JOB,
     group_addresses,
     secret,
-    test_force_release_ends_the_holders_run,
-    test_job_unit_exposure,
-    test_password_is_in_use,
-    test_runner_commands_work_with_the_backend,
-    test_textfile_metrics_served_over_http_and_clean,
-)
-from pg_checks import (  # noqa: E402,F401  pylint: disable=unused-import
-    test_fleet_connections_carry_the_keepalive_settings,
-    test_the_role_cannot_do_anything_else,
-    test_the_role_cannot_reach_other_databases,
-    test_the_role_uses_the_lease_tables,
 )
 
 testinfra_hosts = ["ansible://dlock_nodes"]

@@ -4,18 +4,12 @@ and a dead advisory-lock session noticed in seconds."""
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
 
 import subprocess  # noqa: E402
 import time  # noqa: E402
 
-# The shared tests, imported to be collected here.
-from pg_checks import (  # noqa: E402,F401  pylint: disable=unused-import
-    sql,
-    test_a_host_outside_pg_hba_is_refused,
-    test_the_password_is_stored_as_a_scram_verifier_of_it,
-    test_the_role_has_least_privilege,
-)
+from pg_checks import sql  # noqa: E402
 
 testinfra_hosts = ["ansible://dlock_backend"]
 CONF = "/etc/postgresql/15/main"

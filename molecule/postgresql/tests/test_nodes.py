@@ -1,27 +1,16 @@
 """The job nodes of the PostgreSQL scenario: the runner with the
-least-privilege role, what that role cannot do, metrics, unit hardening,
-the password in use."""
+least-privilege role. (What that role cannot do: molecule/common/tests/
+test_pg_runners.py; metrics, unit hardening, the password in use: the
+checks every scenario shares, beside it.)"""
 
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
 
-# The shared tests, imported to be collected here.
-from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
+from fleet_checks import (  # noqa: E402
     backend_name,
-    test_force_release_ends_the_holders_run,
-    test_job_unit_exposure,
-    test_password_is_in_use,
-    test_runner_commands_work_with_the_backend,
-    test_textfile_metrics_served_over_http_and_clean,
     wait_for,
-)
-from pg_checks import (  # noqa: E402,F401  pylint: disable=unused-import
-    test_fleet_connections_carry_the_keepalive_settings,
-    test_the_role_cannot_do_anything_else,
-    test_the_role_cannot_reach_other_databases,
-    test_the_role_uses_the_lease_tables,
 )
 
 testinfra_hosts = ["ansible://dlock_nodes"]

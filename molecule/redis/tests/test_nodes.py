@@ -1,22 +1,17 @@
 """The job nodes of the Redis scenario: the runner against the ACL-limited
-user, metrics, unit hardening, the password in use."""
+user. (Metrics, unit hardening, the password in use: the checks every
+scenario shares, molecule/common/tests.)"""
 
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
 
-# The shared tests, imported to be collected here.
-from fleet_checks import (  # noqa: E402,F401  pylint: disable=unused-import
+from fleet_checks import (  # noqa: E402
     JOB,
     backend_name,
     secret,
     ssh_with_stdin,
-    test_force_release_ends_the_holders_run,
-    test_job_unit_exposure,
-    test_password_is_in_use,
-    test_runner_commands_work_with_the_backend,
-    test_textfile_metrics_served_over_http_and_clean,
 )
 
 testinfra_hosts = ["ansible://dlock_nodes"]

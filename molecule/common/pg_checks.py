@@ -1,0 +1,28 @@
+"""What the PostgreSQL scenarios' checks share (molecule/postgresql: one
+server; molecule/postgresql-ha: a Patroni cluster): a query as the
+superuser, and a statement as the runners' role through the node's own URL.
+The checks are tests/test_pg_members.py and tests/test_pg_runners.py beside
+this file.
+"""
+
+import json
+import re
+
+# As the runners' role, through the node's own backend URL: the password from
+# the node's file, through the environment (never on the command line).
+AS_RUNNER = 'PGPASSWORD="$(cat /etc/dlock/backend.password)" psql -XAtq %s -c %s'
+
+
+def sql(host, query, database="dlock"):
+    """A query as the postgres superuser (peer authentication on the socket)."""
+    return host.check_output("runuser -u postgres -- psql -XAtq -d %s -c %s", database, query)
+
+
+def runner_url(host, database="dlock"):
+    """The node's backend URL (dlock.json), for this database."""
+    url = json.loads(host.file("/etc/dlock/dlock.json").content_string)["backend"]
+    return re.sub(r"/dlock(\?|$)", "/%s\\1" % database, url)
+
+
+def as_runner(host, statement, database="dlock"):
+    return host.run(AS_RUNNER, runner_url(host, database), statement)
