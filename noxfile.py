@@ -86,9 +86,9 @@ def release(session):
 
 @nox.session(name="lab-single", python=False, tags=["full"])
 def lab_single(session):
-    """The session lab dlkt (3 job nodes, a backend node): check mode on fresh hosts at -vvv --diff; site.yml with
-    molecule/redis's variables, then molecule/postgresql's, each once, its idempotence at -vvv --diff and its verify
-    set; every slot once; bad input refused in preflight; TLS; containment under a unit."""
+    """The session lab dlkt (3 job nodes, a backend node): site.yml with molecule/redis's variables, then
+    molecule/postgresql's, each once, its idempotence at -vvv --diff and its verify set; every slot once; bad input
+    refused in preflight; TLS; containment under a unit."""
     ignore = ["--ignore=" + path for path in ETCD_LAB_TESTS + PATRONI_LAB_TESTS + BARE_LAB_TESTS]
     session.run(*LAB_PYTEST, "tests/lab", *ignore, *session.posargs, external=True)
 
@@ -110,7 +110,8 @@ def lab_patroni(session):
 
 @nox.session(name="lab-bare", python=False, tags=["full"])
 def lab_bare(session):
-    """Check mode of the whole rollout on a lab of its own (dlkb) whose hosts lack the roles' packages."""
+    """Check mode of the whole rollout on a lab of its own (dlkb): on fresh hosts at -vvv --diff (no secret in it),
+    then on the same hosts without the roles' packages (a readable diff, bounded)."""
     session.run(*LAB_PYTEST, *BARE_LAB_TESTS, *session.posargs, external=True)
 
 

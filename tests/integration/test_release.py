@@ -32,7 +32,7 @@ import role_readmes  # noqa: E402
 
 ROLES = sorted(role_readmes.roles())
 # What a user of the collection needs; nothing else goes in the tarball.
-SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "CONTRIBUTING.md", "LICENSE", "CHANGELOG.rst", "requirements.txt",
+SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "CHANGELOG.rst", "requirements.txt",
                "bindep.txt", "meta", "playbooks", "plugins", "roles", "changelogs", "examples"}
 DEV_PARTS = {"tests", "molecule", "scripts", "build", ".venv", ".ci", ".git", "__pycache__", ".pytest_cache",
              ".ansible", "tests/output"}
@@ -156,6 +156,9 @@ def test_tarball_holds_what_users_need_and_no_development_file(release):
     needed |= {"roles/%s/meta/argument_specs.yml" % role for role in ROLES}
     assert needed <= set(files), needed - set(files)
     assert "plugins/module_utils/dlock/__main__.py" not in files
+    # The developers' files: the contributors' guide and the changelog's fragments (its sources).
+    assert "CONTRIBUTING.md" not in files and not [name for name in files if name.startswith("changelogs/fragments")]
+    assert "CHANGELOG.rst" in files and "changelogs/changelog.yaml" in files
     with open("/usr/share/common-licenses/GPL-3", "rb") as handle:
         gpl = handle.read()
     with tarfile.open(release["checkout"]) as archive:

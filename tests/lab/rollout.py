@@ -151,6 +151,18 @@ def provisioned(lab, backend_type, any_jobs=False, inventory=None):
     return {"url": config["backend"], "password": read_password(lab)}
 
 
+def snapshot_all(lab):
+    """Everything site.yml may write, on every host (nodes and backend): equal
+    before and after a run that must write nothing (check mode on fresh
+    hosts, a preflight that refuses)."""
+    paths = ("/etc/dlock /etc/systemd/system /etc/redis /etc/postgresql /etc/chrony /etc/default "
+             "/usr/local/bin /usr/local/lib")
+    return dict((host, lab.ssh(host, "find %s -type f -exec md5sum {} + 2>/dev/null | sort" % paths).stdout
+                 + lab.ssh(host, "systemctl is-enabled redis-server postgresql chrony prometheus-node-exporter "
+                                 "2>&1; getent passwd dlock-metrics").stdout)
+                for host in lab.group("dlock_nodes") + lab.group("dlock_backend"))
+
+
 JOBS_PLAY = """\
 - name: Install the dlock jobs
   hosts: dlock_nodes

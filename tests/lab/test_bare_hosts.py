@@ -25,8 +25,7 @@ import re
 
 import pytest
 from lab import Lab
-from rollout import read_password, site, warnings
-from test_fleet import snapshot_all
+from rollout import read_password, site, snapshot_all, warnings
 
 pytestmark = pytest.mark.lab
 

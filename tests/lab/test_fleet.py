@@ -17,7 +17,7 @@ import time
 
 import pytest
 import scenario
-from rollout import ansible_playbook, jobs, site
+from rollout import ansible_playbook, jobs, site, snapshot_all
 from rollout import provisioned as rollout_provisioned
 
 pytestmark = pytest.mark.lab
@@ -58,17 +58,6 @@ def snapshot(lab):
                             "-type f -exec md5sum {} + 2>/dev/null | sort", check=False)
         listing[node] = out.stdout
     return listing
-
-
-def snapshot_all(lab):
-    """Everything site.yml may write, on every host (nodes and backend); the
-    fresh-hosts check of test_bare_hosts.py takes it too."""
-    paths = ("/etc/dlock /etc/systemd/system /etc/redis /etc/postgresql /etc/chrony /etc/default "
-             "/usr/local/bin /usr/local/lib")
-    return dict((host, lab.ssh(host, "find %s -type f -exec md5sum {} + 2>/dev/null | sort" % paths).stdout
-                 + lab.ssh(host, "systemctl is-enabled redis-server postgresql chrony prometheus-node-exporter "
-                                 "2>&1; getent passwd dlock-metrics").stdout)
-                for host in lab.group("dlock_nodes") + lab.group("dlock_backend"))
 
 
 def test_redis_scenario_changes_nothing_again_and_passes_its_verify_set(lab, provisioned, capsys):
