@@ -98,9 +98,8 @@ class FakeClockPostgres(servers.PostgresServer):
         """A's server processes (the only runner connected yet) stopped; returns the undo."""
         pids = self.backend_pids()
         assert pids, "no session of A's runner on the server"
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
-        return lambda: [os.kill(pid, signal.SIGCONT) for pid in pids]
+        servers.signal_processes(pids, signal.SIGSTOP)
+        return lambda: servers.signal_processes(pids, signal.SIGCONT)
 
     def stop(self):
         super().stop()

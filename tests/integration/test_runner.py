@@ -9,6 +9,7 @@ import time
 
 import pytest
 from runner_proc import last_log, lines, run_dlock, start_dlock, wait_for
+from servers import signal_processes
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
 
@@ -128,13 +129,11 @@ def test_postgres_frozen_job_is_killed_before_the_lease_expires(pg_server, uniqu
     wait_for(lambda: remaining() > 2.9, 5, "a fresh renewal")
     expires_at = time.time() + remaining()
     pids = pg_server.all_pids()
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+    signal_processes(pids, signal.SIGSTOP)
     try:
         code, last_beat = _beat_until_exit(holder, beat)
     finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+        signal_processes(pids, signal.SIGCONT)
     assert code == 76
     assert last_beat < expires_at
 
