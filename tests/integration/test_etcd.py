@@ -262,3 +262,22 @@ def test_a_password_in_an_etcd_url_is_never_shown(members, secret):
     with pytest.raises(ConfigError) as err:
         validate.backend_url(url)
     assert "contains a password" in str(err.value) and secret not in str(err.value)
+
+
+def test_the_ca_file_given_is_the_one_verified_whatever_the_environment(monkeypatch, tmp_path):
+    """requests lets REQUESTS_CA_BUNDLE (set system-wide on many controllers)
+    replace a session's CA on every request: the operator's ca_file was
+    silently swapped for the system bundle, and a private CA's etcd refused
+    ("unable to get local issuer certificate")."""
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_text("not read here")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    monkeypatch.setenv("CURL_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    backend = open_backend("etcd+https://dlock@10.0.0.5:2379,10.0.0.6:2379/dlock", "pw", 1.0, str(ca_file))
+    try:
+        for client in backend._members():
+            settings = client.session.merge_environment_settings("https://10.0.0.5:2379/v3/kv/range", {}, None,
+                                                                 None, None)
+            assert settings["verify"] == str(ca_file)
+    finally:
+        backend.close()

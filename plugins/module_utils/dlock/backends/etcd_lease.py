@@ -142,6 +142,11 @@ class EtcdBackend(Backend):
             self._clients = [Etcd3Client(host=host, port=port, protocol=self.protocol, ca_cert=self.ca_file,
                                          cert_cert=self.cert, cert_key=self.key_file, api_path="/v3/")
                              for host, port in self.endpoints]
+            if self.ca_file:
+                for client in self._clients:
+                    # requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE in the environment replace the
+                    # session's CA (ca_file) on every request: the CA given must be the one verified.
+                    client.session.trust_env = False
         return self._clients
 
     def _ordered(self):
