@@ -1,7 +1,9 @@
 #!/bin/sh
 # Ad-hoc calls of the dlock module from a shell: look at a lock, break a stale
 # one. The backend comes from the inventory variable dlock_backend (put the
-# password there or in backend_password_file, never on this command line).
+# password there or in backend_password_file, never on this command line),
+# or, without it, from the record site.yml wrote of the backend it provisioned
+# (credentials/dlock-backend.json beside INVENTORY).
 #
 #   sh examples/adhoc.sh INVENTORY KEY
 set -eu

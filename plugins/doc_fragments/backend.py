@@ -48,6 +48,11 @@ notes:
     a mapping with the keys C(url), C(password), C(password_file), C(ca_file) and C(op_timeout)
     (or a plain URL string). Options given on the task override it field by field; a password or
     password file on the task replaces both of them.
+  - When neither the task nor C(dlock_backend) gives a URL, a task run on the controller uses the record of
+    the backend that C(playbooks/site.yml) provisioned (C(dlock_backend_type)), which it writes in
+    C(credentials/dlock-backend.json) beside the inventory of the first host of the group C(dlock_backend).
+    Its C(url), C(password_file) and C(ca_file) are filled in as C(dlock_backend)'s are. A password given to
+    C(site.yml) as a variable is written nowhere; give it as C(password) of C(dlock_backend) then.
   - The backend's driver (see the requirements) is needed on the host that runs the lock operation, the
     controller unless O(run_on=target), and only the one of the backend in use.
 # ansible-doc joins the requirements with commas: each is a phrase, not a sentence.

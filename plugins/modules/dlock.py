@@ -22,7 +22,8 @@ description:
     ends normally (success, failure or Ctrl-C) the renewer releases the lock; when the process is
     killed (C(SIGKILL), C(SIGTERM)) or crashes, the lock is not released but expires within O(ttl),
     since tasks that process had started may still be running.
-  - Backend options default to the inventory variable C(dlock_backend).
+  - Backend options default to the inventory variable C(dlock_backend), else, on the controller, to the
+    record of the backend that C(playbooks/site.yml) provisioned (see the notes on the backend options).
 author:
   - dlock.fleet developers (@dlock-fleet)
 extends_documentation_fragment:

@@ -27,6 +27,8 @@ import pytest
 import yaml
 from ansible_cli import BIN, ROOT, build_collection, galaxy_env, install_collection
 
+from ansible_collections.dlock.fleet.plugins.action import dlock as action
+
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import role_readmes  # noqa: E402
 
@@ -63,7 +65,8 @@ def clean_tree(dest):
 # The lab's inventory and passwords live in its state directory
 # (/run/PREFIX-lab), molecule's in its ephemeral directory: not in a checkout.
 INVENTORY_DIRS = ["examples/site", "."]
-SITE_PASSWORDS = ["dlock-backend.password", "dlock-backend-admin.password"] + [
+# With them, the record of the backend for the controller's tools (no secret, but the fleet's address).
+SITE_PASSWORDS = ["dlock-backend.password", "dlock-backend-admin.password", "dlock-backend.json"] + [
     "dlock-patroni-%s.password" % name for name in ("etcd", "replication", "rewind", "restapi")]
 PLANTED = "Planted-Pw-5ecret-in-the-checkout"
 
@@ -174,15 +177,21 @@ def test_used_checkout_builds_the_same_tarball_as_a_clean_one(release):
 
 
 def test_site_credentials_are_beside_the_inventory():
-    """Every default of site.yml's password lookups is in credentials/ beside
-    the backend host's inventory: what the paths below stand for."""
+    """Every default of site.yml's password lookups, and its record of the
+    backend, is in credentials/ beside the backend host's inventory (one
+    variable says where): what the paths below stand for. The dlock action
+    plugin looks for the record at the same place."""
     with open(os.path.join(ROOT, "playbooks", "site.yml")) as handle:
         site = handle.read()
-    defaults = re.findall(r"default\(hostvars\[groups\['dlock_backend'\]\[0\]\]\['inventory_dir'\] ~ '([^']*)'\)", site)
-    assert sorted(defaults) == ["/credentials", "/credentials/dlock-backend-admin.password",
-                                "/credentials/dlock-backend.password"], defaults
+    assert site.count("['inventory_dir']") == 1
+    assert re.findall(r"__dlock_site_credentials: \"\{\{ (.*) \}\}\"", site) == [
+        "hostvars[groups['dlock_backend'][0]]['inventory_dir'] ~ '/credentials'"]
+    defaults = re.findall(r"default\(__dlock_site_credentials(?: ~ '([^']*)')?\)", site)
+    assert sorted(defaults) == ["", "/dlock-backend-admin.password", "/dlock-backend.password"], defaults
     assert site.count("lookup('ansible.builtin.password'") + site.count("query('ansible.builtin.password'") == 3
     assert "'/dlock-patroni-'" in site and "'.password'" in site
+    assert site.count('dest: "{{ __dlock_site_credentials }}/dlock-backend.json"') == 1
+    assert (action.RECORD_DIR, action.RECORD_NAME) == ("credentials", "dlock-backend.json")
 
 
 def test_generated_passwords_stay_out_of_the_tarball_and_git(release):

@@ -187,6 +187,60 @@ def jobs(lab, jobs_list, *args, check=True):
                             *args, check=check)
 
 
+OPERATOR_KEY = "operator-check"  # a lock no job of the lab uses
+
+
+def operator_commands(lab, *inventories):
+    """What an operator runs on the controller (this host) right after
+    site.yml, with what they gave site.yml and nothing written by hand (no
+    dlock_backend: site.yml's record of its backend is all there is): a
+    module task that takes OPERATOR_KEY for 5 minutes, the status runbook,
+    break_lock in check mode, then examples/adhoc.sh, which looks, would
+    break, and breaks it. ansible_playbook's first inventory (the lab's:
+    the hosts' file, beside which site.yml keeps its credentials and the
+    record) comes first, INVENTORIES after it, as in the rollout; adhoc.sh
+    takes one inventory, the lab's. Returns {step: output}; each step must
+    succeed."""
+    key = OPERATOR_KEY
+    given = [lab.inventory] + list(inventories)
+    steps = [
+        ("module", ["ansible", "localhost", "-m", "dlock.fleet.dlock", "-a", "key=%s ttl=5m" % key]),
+        ("status", ["ansible-playbook", "dlock.fleet.status", "-e", "dlock_keys=" + key]),
+        ("break_lock --check", ["ansible-playbook", "dlock.fleet.break_lock", "--check",
+                                "-e", "dlock_key=" + key, "-e", "dlock_reason=operator check"]),
+    ]
+    outputs = {}
+    for step, argv in steps:
+        for inventory in reversed(given):
+            argv[1:1] = ["-i", inventory]
+        outputs[step] = _operator_run(step, argv)
+    outputs["adhoc.sh"] = _operator_run("adhoc.sh", ["sh", os.path.join(ROOT, "examples", "adhoc.sh"), lab.inventory,
+                                                     key])
+    return outputs
+
+
+def check_operator_commands(outputs, password):
+    """operator_commands did what each says, and no output shows PASSWORD."""
+    key = OPERATOR_KEY
+    assert '"acquired": true' in outputs["module"], outputs["module"][-3000:]
+    assert "%s is held by ansible@" % key in outputs["status"], outputs["status"][-3000:]
+    assert "would break the lock: %s is held by ansible@" % key in outputs["break_lock --check"], \
+        outputs["break_lock --check"][-3000:]
+    # adhoc.sh: held (from the module task), would break (--check), broke; then the runbook finds it free.
+    adhoc = outputs["adhoc.sh"]
+    assert "%s is held by ansible@" % key in adhoc and adhoc.count("broke the lock of %s" % key) == 1, adhoc[-4000:]
+    for step, output in outputs.items():
+        assert password not in output, "%s showed the backend password" % step
+
+
+def _operator_run(step, argv):
+    done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise AssertionError("%s failed (%d): %s\n%s" % (step, done.returncode, " ".join(argv), output[-6000:]))
+    return output
+
+
 def password_file(lab, admin=False, patroni=None):
     """Where site.yml keeps the generated backend password (0600, on the
     controller); admin: etcd's root password; patroni: one of Patroni's

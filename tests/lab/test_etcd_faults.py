@@ -33,7 +33,7 @@ import faults
 import pytest
 import scenario
 from lab import FAULT_DROPIN
-from rollout import jobs, read_password
+from rollout import check_operator_commands, clock_inventory, jobs, operator_commands, read_password
 
 pytestmark = pytest.mark.lab
 
@@ -142,6 +142,16 @@ def fleet(converged):
 
 def test_the_scenario_changes_nothing_again_and_passes_its_verify_set(converged, capsys):
     scenario.idempotent_and_verified(converged, SCENARIO, capsys)
+
+
+def test_the_operators_first_commands_find_the_backend_site_yml_provisioned(converged):
+    """Right after the scenario's site.yml, with the inventories it was given
+    and no dlock_backend written by hand: a module task, the status and
+    break_lock runbooks and examples/adhoc.sh reach the etcd cluster over
+    TLS through site.yml's record (its ca_file: the scenario's
+    dlock_backend_controller_ca_file, the CA on this host)."""
+    outputs = operator_commands(converged, clock_inventory(converged), scenario.inventory(converged, SCENARIO))
+    check_operator_commands(outputs, read_password(converged))
 
 
 def election_timeout(fleet):

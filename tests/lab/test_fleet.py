@@ -17,7 +17,7 @@ import time
 
 import pytest
 import scenario
-from rollout import ansible_playbook, jobs, site, snapshot_all
+from rollout import ansible_playbook, check_operator_commands, clock_inventory, jobs, operator_commands, read_password, site, snapshot_all
 from rollout import provisioned as rollout_provisioned
 
 pytestmark = pytest.mark.lab
@@ -63,6 +63,20 @@ def snapshot(lab):
 def test_redis_scenario_changes_nothing_again_and_passes_its_verify_set(lab, provisioned, capsys):
     provisioned("redis")
     scenario.idempotent_and_verified(lab, "redis", capsys)
+
+
+def operators_first_commands(lab, backend_type):
+    """Right after the scenario's site.yml, with the inventories it was given
+    and no dlock_backend written by hand: a module task, the status and
+    break_lock runbooks and examples/adhoc.sh reach the backend through
+    site.yml's record (rollout.operator_commands)."""
+    outputs = operator_commands(lab, clock_inventory(lab), scenario.inventory(lab, backend_type))
+    check_operator_commands(outputs, read_password(lab))
+
+
+def test_the_operators_first_commands_find_the_redis_site_yml_provisioned(lab, provisioned):
+    provisioned("redis")
+    operators_first_commands(lab, "redis")
 
 
 BAD_JOBS = [
@@ -282,6 +296,14 @@ def test_every_slot_runs_exactly_once_across_the_fleet(lab, provisioned, backend
 def test_postgresql_scenario_changes_nothing_again_and_passes_its_verify_set(lab, provisioned, capsys):
     provisioned("postgresql")
     scenario.idempotent_and_verified(lab, "postgresql", capsys)
+
+
+def test_the_operators_first_commands_find_the_postgresql_site_yml_provisioned(lab, provisioned):
+    """The scenario adds the controller to dlock_postgresql_clients, as the
+    README's Operations section says: pg_hba lets the job nodes in, and the
+    controller only when told."""
+    provisioned("postgresql")
+    operators_first_commands(lab, "postgresql")
 
 
 def test_missing_postgresql_cluster_is_named_and_nothing_written(lab, provisioned):

@@ -51,9 +51,12 @@ def test_the_password_is_stored_as_a_scram_verifier_of_it(host):
 
 
 def test_a_host_outside_pg_hba_is_refused(host):
-    # From the controller (the lab host, x.x.x.1), with the right password.
+    # From the controller (the lab host, x.x.x.1), with the right password, to
+    # a database no rule lets it reach (molecule/postgresql adds the
+    # controller to the lock database's clients: its test_backend.py, and
+    # molecule/postgresql-ha's, pin who is in pg_hba).
     with pytest.raises(psycopg.OperationalError, match="no pg_hba.conf entry"):
-        psycopg.connect(host=address(host), user="dlock", dbname="dlock", password=secret("backend.password"),
+        psycopg.connect(host=address(host), user="dlock", dbname="postgres", password=secret("backend.password"),
                         connect_timeout=5, sslmode="disable")
     # From the backend itself over TCP.
     done = ssh_with_stdin(host, 'PGPASSWORD="$(cat)" psql -h %s -U dlock -d dlock -c "SELECT 1"' % address(host),

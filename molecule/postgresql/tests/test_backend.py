@@ -25,13 +25,16 @@ def test_postgresql_runs_with_the_dlock_settings(host):
         assert sql(host, "SHOW %s" % name) == value, name
 
 
-def test_pg_hba_lets_only_the_fleet_in(host):
+def test_pg_hba_lets_only_the_fleet_and_the_controller_in(host):
+    """The job nodes, and the controller (the lab host, x.x.x.1), which the
+    scenario adds to dlock_postgresql_clients for the module and the runbooks."""
     hba = host.file(CONF + "/pg_hba.conf")
     assert (hba.user, hba.mode) == ("postgres", 0o640)
     rules = [line.split() for line in hba.content_string.splitlines() if line.strip() and not line.startswith("#")]
     nodes = host.ansible.get_variables()["groups"]["dlock_nodes"]
-    addresses = sorted(host.get_host("ansible://" + n, ansible_inventory=os.environ["MOLECULE_INVENTORY_FILE"])
-                       .ansible.get_variables()["ansible_host"] + "/32" for n in nodes)
+    controller = ".".join(host.ansible.get_variables()["ansible_host"].split(".")[:3] + ["1"])
+    addresses = sorted([host.get_host("ansible://" + n, ansible_inventory=os.environ["MOLECULE_INVENTORY_FILE"])
+                        .ansible.get_variables()["ansible_host"] + "/32" for n in nodes] + [controller + "/32"])
     assert rules[0] == ["local", "all", "postgres", "peer"]
     assert sorted(r[3] for r in rules[1:]) == addresses
     assert all(r[:3] == ["host", "dlock", "dlock"] and r[4] == "scram-sha-256" for r in rules[1:])

@@ -198,3 +198,145 @@ def test_a_lost_hold_is_reported_once(fake_backend, run_dir):
     first = run_task({"key": "k", "backend_url": URL, "state": "released"})
     assert first["warnings"] == ["the hold of k ended before this task: the lease is no longer ours (expired or broken)"]
     assert "warnings" not in run_task({"key": "k", "backend_url": URL, "state": "released"})
+
+
+# -- site.yml's backend record --------------------------------------------------------
+def record_vars(inventory_dir, **extra):
+    """task_vars of a controller task in an inventory whose backend host b1 lives in INVENTORY_DIR."""
+    return dict({"groups": {"dlock_backend": ["b1"]}, "hostvars": {"b1": {"inventory_dir": str(inventory_dir)}}},
+                **extra)
+
+
+def write_record(inventory_dir, content):
+    """site.yml's record (a dict as JSON, or TEXT as it is) in INVENTORY_DIR/credentials; its path."""
+    path = inventory_dir / "credentials" / "dlock-backend.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+@pytest.fixture
+def inventory_dir(tmp_path):
+    path = tmp_path / "inventory"
+    path.mkdir()
+    return path
+
+
+def test_the_record_is_found_beside_the_first_backend_hosts_inventory(inventory_dir):
+    path, why = action.record_path(record_vars(inventory_dir))
+    assert (path, why) == (str(inventory_dir / "credentials" / "dlock-backend.json"), None)
+    path, why = action.record_path({"groups": {"all": ["n1"]}, "hostvars": {}})
+    assert path is None and "no dlock_backend group" in why
+    path, why = action.record_path({"groups": {"dlock_backend": ["b1"]}, "hostvars": {"b1": {"inventory_dir": None}}})
+    assert path is None and "b1, the first host of dlock_backend, comes from no inventory file" in why
+
+
+def test_a_task_without_a_backend_uses_site_yml_s_record(fake_backend, inventory_dir):
+    secret = inventory_dir / "credentials" / "dlock-backend.password"
+    write_record(inventory_dir, {"url": URL, "password_file": str(secret)})
+    secret.write_text("rec-s3cret")
+    result = run_task({"key": "k", "state": "query"}, task_vars=record_vars(inventory_dir))
+    assert result["msg"] == "k is free (fence 0)", result
+    assert fake_backend.opened_with == [dict(url=URL, password="rec-s3cret", op_timeout=2.0, ca_file=None)]
+    assert "rec-s3cret" not in json.dumps(result)
+
+
+def test_a_backend_on_the_task_or_in_dlock_backend_wins_over_the_record(fake_backend, inventory_dir):
+    write_record(inventory_dir, "not even JSON")  # never read
+    other = "redis://10.0.0.9:6379/0"
+    assert run_task({"key": "k", "state": "query", "backend_url": other},
+                    task_vars=record_vars(inventory_dir))["msg"] == "k is free (fence 0)"
+    assert run_task({"key": "k", "state": "query"},
+                    task_vars=record_vars(inventory_dir, dlock_backend={"url": other}))["msg"] == "k is free (fence 0)"
+    assert [opened["url"] for opened in fake_backend.opened_with] == [other, other]
+
+
+def test_without_a_record_the_error_says_where_it_looked_and_what_to_set(fake_backend, inventory_dir):
+    result = run_task({"key": "k", "state": "query"}, task_vars=record_vars(inventory_dir))
+    assert result["failed"] is True
+    assert "backend_url: required" in result["msg"]
+    assert "no record of site.yml's backend at %s/credentials/dlock-backend.json" % inventory_dir in result["msg"]
+    assert "Set dlock_backend (url:" in result["msg"]
+    result = run_task({"key": "k", "state": "query"}, task_vars={})
+    assert "the inventory has no dlock_backend group" in result["msg"]
+    assert not fake_backend.calls
+
+
+def test_a_password_given_as_a_variable_is_asked_for_not_guessed(fake_backend, inventory_dir):
+    """site.yml writes a vaulted dlock_backend_password nowhere: its record
+    has no password file, and the task says what to set."""
+    write_record(inventory_dir, {"url": URL})
+    result = run_task({"key": "k", "state": "query"}, task_vars=record_vars(inventory_dir))
+    assert result["failed"] is True and "names no password file" in result["msg"]
+    assert "dlock_backend.password" in result["msg"]
+    assert not fake_backend.opened_with
+    result = run_task({"key": "k", "state": "query"},
+                      task_vars=record_vars(inventory_dir, dlock_backend={"password": "vault-s3cret"}))
+    assert result["msg"] == "k is free (fence 0)"
+    assert fake_backend.opened_with[0]["url"] == URL and fake_backend.opened_with[0]["password"] == "vault-s3cret"
+    assert "vault-s3cret" not in json.dumps(result)
+
+
+def test_a_record_ca_file_missing_on_the_controller_names_the_variable(fake_backend, inventory_dir):
+    write_record(inventory_dir, {"url": URL, "password_file": "/nonexistent/pw", "ca_file": "/nonexistent/ca.pem"})
+    result = run_task({"key": "k", "state": "query"}, task_vars=record_vars(inventory_dir))
+    assert result["failed"] is True and "ca_file /nonexistent/ca.pem: is not a file on the controller" in result["msg"]
+    assert "dlock_backend_controller_ca_file" in result["msg"]
+
+
+def test_a_task_on_a_target_never_uses_the_controllers_record(fake_backend, inventory_dir):
+    write_record(inventory_dir, {"url": URL, "password_file": "/controller/pw"})
+    plugin = make_action({"key": "k", "run_on": "target"})
+    plugin._execute_module = MagicMock()
+    result = plugin.run(task_vars=record_vars(inventory_dir))
+    assert result["failed"] is True and "backend_url: required" in result["msg"]
+    assert not plugin._execute_module.called
+
+
+HOSTILE_RECORDS = [
+    ("not JSON", "url: redis://h/0", "not valid JSON"),
+    ("a NUL", '{"url": "redis://h/0\x00"}', "not valid JSON"),
+    ("an escaped NUL", '{"url": "redis://h/0\\u0000"}', "url: "),
+    ("a string", '"%s"' % URL, "must hold a JSON object"),
+    ("a list", json.dumps([URL]), "must hold a JSON object"),
+    ("null", "null", "must hold a JSON object"),
+    ("empty", "", "not valid JSON"),
+    ("an unknown key", json.dumps({"url": URL, "password": "rec-s3cret"}), "unknown field 'password'"),
+    ("no url", json.dumps({"password_file": "/pw"}), "has no url"),
+    ("a url that is a number", json.dumps({"url": 6379}), "url: "),
+    ("a url with a password", json.dumps({"url": "redis://:rec-s3cret@h/0"}), "the URL contains a password"),
+    ("a relative password file", json.dumps({"url": URL, "password_file": "pw"}), "password_file: 'pw' must be an absolute path"),
+    ("a password file that is a list", json.dumps({"url": URL, "password_file": ["/pw"]}), "password_file: ['/pw'] must be a string"),
+    ("a ca file with a newline", json.dumps({"url": URL, "ca_file": "/ca\n.pem"}), "ca_file: '/ca\\n.pem' holds a control character"),
+    ("a duplicate key", '{"url": "%s", "url": "%s"}' % (URL, URL), "the key 'url' appears twice"),
+    ("deep nesting", "[" * 60000, "nest deeper than"),
+    ("NaN", '{"url": NaN}', "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("content, words", [c[1:] for c in HOSTILE_RECORDS], ids=[c[0] for c in HOSTILE_RECORDS])
+def test_a_bad_record_is_refused_naming_the_file(fake_backend, inventory_dir, content, words):
+    path = write_record(inventory_dir, content)
+    result = run_task({"key": "k", "state": "query"}, task_vars=record_vars(inventory_dir))
+    assert result["failed"] is True, result
+    assert result["msg"].startswith("site.yml's backend record %s" % path), result["msg"]
+    assert words in result["msg"], result["msg"]
+    assert "rec-s3cret" not in json.dumps(result)
+    assert not fake_backend.opened_with
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "not utf-8", "too large"])
+def test_a_record_that_is_no_readable_file_is_refused_without_blocking(fake_backend, inventory_dir, kind):
+    path = inventory_dir / "credentials" / "dlock-backend.json"
+    path.parent.mkdir()
+    if kind == "fifo":
+        os.mkfifo(str(path))  # no writer: a plain open() would wait for ever
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "not utf-8":
+        path.write_bytes(b'{"url": "\xff"}')
+    else:
+        path.write_text(json.dumps({"url": URL, "ca_file": "/" + "a" * (70 * 1024)}))
+    result = run_task({"key": "k", "state": "query"}, task_vars=record_vars(inventory_dir))
+    assert result["failed"] is True and result["msg"].startswith("site.yml's backend record %s" % path), result
+    assert not fake_backend.opened_with
