@@ -1,6 +1,7 @@
 """Typed errors of the engine; each knows the runner's exit code and log result."""
 
-# Exit codes of `dlock run` (contract, DESIGN.md section 5).
+# Exit codes of `dlock run`: a contract with the timers and alerts that read
+# them (the README's "Exit codes" table lists them for operators).
 EXIT_LOCKED = 73
 EXIT_DUPLICATE = 74
 EXIT_BACKEND = 75

@@ -1,7 +1,7 @@
 """Lock options of a job: parsing, derived defaults and the safety rule.
 
-The safety rule (DESIGN.md section 5): a runner that cannot renew must have
-killed its job before the lease can expire on the backend, so
+The safety rule (the README states it for operators): a runner that cannot
+renew must have killed its job before the lease can expire on the backend, so
     renew_every + op_timeout + kill_grace + clock margin < ttl,
 where the clock margin, on a backend that counts the TTL on its server's wall
 clock (Redis, PostgreSQL's lease table), includes 2 x max_clock_skew: see
