@@ -115,6 +115,11 @@ LAST_ROLLOUT = {}
 OUTPUT_ONLY_ARGS = ("-v", "-vv", "-vvv", "-vvvv", "--diff", "-D")
 
 
+def node_config(lab):
+    """The runner's settings (/etc/dlock/dlock.json) on the lab's first job node."""
+    return json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)
+
+
 def rollout_key(backend_type, extra_vars, args):
     """What LAST_ROLLOUT keeps of a site.yml run: equal keys, equal rollouts."""
     return (backend_type, json.dumps(extra_vars, sort_keys=True), tuple(a for a in args if a not in OUTPUT_ONLY_ARGS))
@@ -147,7 +152,7 @@ def provisioned(lab, backend_type, any_jobs=False, inventory=None):
     wanted = rollout_key(backend_type, extra_vars, args)
     if last != wanted and not (any_jobs and last is not None and last[0] == backend_type and last[2] == ()):
         site(lab, backend_type, extra_vars, *args)
-    config = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)
+    config = node_config(lab)
     return {"url": config["backend"], "password": read_password(lab)}
 
 
@@ -182,7 +187,7 @@ def jobs(lab, jobs_list, *args, check=True):
     playbook = os.path.join(lab.state_dir, "jobs.yml")
     with open(playbook, "w") as handle:
         handle.write(JOBS_PLAY)
-    config = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)
+    config = node_config(lab)
     return ansible_playbook(lab, playbook, {"dlock_jobs_list": jobs_list, "dlock_jobs_backend_url": config["backend"]},
                             *args, check=check)
 

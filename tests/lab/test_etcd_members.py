@@ -17,7 +17,7 @@ import os
 
 import pytest
 import scenario
-from rollout import read_password, shape
+from rollout import node_config, read_password, shape
 
 pytestmark = pytest.mark.lab
 
@@ -91,7 +91,7 @@ def assert_cluster_is_the_inventory(lab):
         assert listing[2] and listing[1] == [peer_url(lab, name)], (name, listing)  # started, peer URLs
     health = json.loads(etcdctl(lab, backends[0], "-w", "json", "endpoint", "health", "--cluster"))
     assert len(health) == len(backends) and all(h["health"] for h in health), health
-    url = json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)["backend"]
+    url = node_config(lab)["backend"]
     for name in backends:
         assert "%s:2379" % lab.addr(name) in url, (name, url)
 
