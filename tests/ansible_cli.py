@@ -60,10 +60,12 @@ class Ansible(object):
                                 start_new_session=True)
 
     def adhoc(self, args, *options):
-        """`ansible localhost -m dlock.fleet.dlock -a ARGS`: (rc, result dict, output)."""
+        """`ansible localhost -m dlock.fleet.dlock -a ARGS`: (rc, result dict, output).
+        The timeout only catches a hang: a live call starved of CPU beside
+        the lab lanes once took over 60 s."""
         out = subprocess.run([os.path.join(BIN, "ansible"), "localhost", "-i", self.inventory,
                               "-m", "dlock.fleet.dlock", "-a", args] + list(options),
-                             env=ansible_env(), capture_output=True, text=True, timeout=60, check=False)
+                             env=ansible_env(), capture_output=True, text=True, timeout=180, check=False)
         text = out.stdout + out.stderr
         # "localhost | SUCCESS => {...}"; a failure is preceded by an error report.
         body = out.stdout.split(" => ", 1)[1] if " => " in out.stdout else "{}"

@@ -99,6 +99,27 @@ def _readline(stream, timeout):
     return stream.readline()
 
 
+def _died_before(pidfd, moment):
+    """Whether the job behind `pidfd` was dead before `moment` (monotonic), as
+    far as this watcher can tell, being itself a process the scheduler may
+    keep off the CPU: True if a look that ended before `moment` saw it dead,
+    False if a look that began at or after `moment` saw it alive, None if the
+    watcher was off the CPU across `moment` (neither is proven). Reading the
+    clock only after a blocking wait, as a plain watcher would, blames the
+    watcher's own lateness on the runner (CI saw 0.006 s of it on a loaded
+    machine)."""
+    select.select([pidfd], [], [], max(0.0, moment - 0.05 - time.monotonic()))
+    while True:
+        began = time.monotonic()
+        dead = bool(select.select([pidfd], [], [], 0)[0])
+        ended = time.monotonic()
+        if dead:
+            return True if ended < moment else None
+        if began >= moment:
+            return False
+        select.select([pidfd], [], [], 0.001)
+
+
 @st.composite
 def option_sets(draw):
     ttl = draw(st.floats(min_value=1.0, max_value=3.0))
@@ -128,15 +149,13 @@ def test_with_a_frozen_backend_the_job_is_dead_before_the_earliest_expiry(frozen
             # Had the server's clock stepped -skew to +skew, the lease would end this much earlier.
             stepped = 2 * int(as_flags["max_clock_skew"][:-2]) / 1000.0
             earliest_expiry = report["asked"] + report["pttl_ms"] / 1000.0 - stepped
-            ready = select.select([pidfd], [], [], max(0.0, earliest_expiry - time.monotonic()) + 5)[0]
-            died = time.monotonic()
-            assert ready, "the job outlived its lease by more than 5s"
-            assert died < earliest_expiry, "job died %.3fs after the earliest expiry (%s)" % (
-                died - earliest_expiry, values)
+            died_in_time = _died_before(pidfd, earliest_expiry)
         finally:
             os.kill(frozen_redis.proc.pid, signal.SIGCONT)
             os.close(pidfd)
+        assert died_in_time is not False, "the job was alive after the earliest expiry (%s)" % values
         assert runner.wait(timeout=30) == 76
+        assume(died_in_time)  # the watcher itself was off the CPU across the expiry: not proven either way
     finally:
         if runner.poll() is None:
             runner.kill()
