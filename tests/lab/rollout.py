@@ -9,6 +9,7 @@ backend role of that type on the backend node and the lab's clock layout.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -157,15 +158,28 @@ def provisioned(lab, backend_type, any_jobs=False, inventory=None):
 
 
 def snapshot_all(lab):
-    """Everything site.yml may write, on every host (nodes and backend): equal
-    before and after a run that must write nothing (check mode on fresh
-    hosts, a preflight that refuses)."""
+    """Everything site.yml may write, on every host (nodes and backend)."""
     paths = ("/etc/dlock /etc/systemd/system /etc/redis /etc/postgresql /etc/chrony /etc/default "
              "/usr/local/bin /usr/local/lib")
     return dict((host, lab.ssh(host, "find %s -type f -exec md5sum {} + 2>/dev/null | sort" % paths).stdout
                  + lab.ssh(host, "systemctl is-enabled redis-server postgresql chrony prometheus-node-exporter "
                                  "2>&1; getent passwd dlock-metrics").stdout)
                 for host in lab.group("dlock_nodes") + lab.group("dlock_backend"))
+
+
+@contextlib.contextmanager
+def writes_nothing(lab):
+    """Around a run that must write nothing on any host (a preflight that
+    refuses, --check): asserts that everything site.yml may write is equal
+    before and after it. Proven so, the lab's last rollout still stands:
+    site() forgot it before the run (a run may change part), and it is put
+    back, so the next test that wants it rolls out nothing."""
+    last = LAST_ROLLOUT.get(lab.prefix)
+    before = snapshot_all(lab)
+    yield
+    assert snapshot_all(lab) == before, "a run that must write nothing changed a host"
+    if last is not None:
+        LAST_ROLLOUT[lab.prefix] = last
 
 
 JOBS_PLAY = """\
