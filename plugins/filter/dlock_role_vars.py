@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 
 from ansible.errors import AnsibleFilterError
+from jinja2 import Undefined
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
@@ -643,9 +644,27 @@ RULES = {"dlock_redis": _redis_rules, "dlock_postgresql": _postgresql_rules, "dl
          "dlock_metrics": _metrics_rules, "dlock_runner": _runner_rules, "dlock_jobs": lambda values: ()}
 
 
+# How ansible-core names an undefined variable in the error that reading it raises.
+UNDEFINED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)' is undefined")
+
+
+def _undefined(name, value):
+    """A variable whose template refers to an undefined one: ansible-core
+    passes the filter an Undefined (2.18) or a marker (2.19+) that raises
+    when read. Only the undefined variable's name is kept of that error: its
+    hint quotes the template, braces and all, which an assert's fail_msg
+    would template again."""
+    try:
+        str(value)
+        reason = ""
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        found = UNDEFINED.search(str(exc))
+        reason = " (%s is undefined)" % found.group(1) if found else ""
+    return "%s: refers to an undefined variable%s: define it (vault it), or leave it out" % (name, reason)
+
+
 def _unexpected(name, exc):
-    """A check that failed in an unforeseen way (a variable that cannot even be
-    read, say an undefined one in its template): named, and shown only when
+    """A check that failed in an unforeseen way: named, and shown only when
     not a secret."""
     if name in SECRETS:
         return "%s: could not be checked (%s)" % (name, type(exc).__name__)
@@ -670,6 +689,9 @@ def role_problems(variables, role):
     passed = {}
     for name, check in table.items():
         if name not in variables:
+            continue
+        if isinstance(variables[name], Undefined):
+            problems.append(_undefined(name, variables[name]))
             continue
         try:
             check(variables[name], name)

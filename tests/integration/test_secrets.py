@@ -133,6 +133,22 @@ def test_empty_password_stops_the_rollout_and_keeps_the_password(core, tmp_path)
     assert node.password_unchanged() and node.written() == []
 
 
+def test_a_bad_job_entry_stops_the_example_before_the_runner_changes_anything(tmp_path):
+    """The example's pre_tasks run both roles' checks first: a bad job entry
+    is named (its index and its name) before the runner role writes a file."""
+    node = Node(tmp_path)
+    jobs = [{"name": "fine", "command": ["true"], "schedule": "hourly"},
+            {"name": "typo", "command": ["true"], "schedule": "hourly", "ttl": "10s", "renew_every": "9s"}]
+    run = node.play(CORES["2.19"], EXAMPLE, {"vault_dlock_redis_password": "new-secret-0123456789",
+                                             "dlock_jobs_list": jobs})
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out
+    assert "dlock_jobs_list[1] (typo): renew_every (9s)" in out, out
+    assert "TASK [dlock.fleet.dlock_runner : Install" not in out, out
+    assert re.search(r"node1\s+: ok=\d+\s+changed=0\s", out), out
+    assert node.password_unchanged() and node.written() == [], node.written()
+
+
 # The role's deletion logic is the same on every core; the slow successful
 # runs are made on 2.19 (the main test venv) only.
 def test_no_password_key_keeps_the_existing_file(tmp_path):

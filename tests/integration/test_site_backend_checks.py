@@ -1,12 +1,12 @@
 """site.yml's checks of the provisioned backend on the nodes, before anything
-is changed on them: the backend play must have run (its URL known), and a
+is changed on any host: the backend's checks must have run (its URL known), and a
 PostgreSQL URL with sslmode=verify-full needs dlock_backend_ca_file. The
 backend host is left out with --limit and its URL given in the inventory, so
 only the controller-side assertions of the node play are judged here.
 
 This host is n1: every run is --check and carries a job the jobs preflight
-refuses, so the rollout stops in the node play that checks before it changes
-anything, whatever the backend checks decide."""
+refuses, so the rollout stops in the first play, which checks every host
+before any changes, whatever the backend checks decide."""
 
 import os
 import re
@@ -49,7 +49,7 @@ def task_result(out, name):
 def test_nodes_without_the_backend_play_are_stopped_with_its_host_named(tmp_path):
     proc, out = run_site(tmp_path, {}, {"dlock_backend_type": "redis"})
     assert proc.returncode == 2, out
-    assert "the backend play did not run on b1" in out, out
+    assert "its backend host b1 is not in this run" in out, out
     assert PASSWORD not in out
 
 

@@ -17,7 +17,8 @@ import time
 
 import pytest
 import scenario
-from rollout import ansible_playbook, check_operator_commands, clock_inventory, jobs, operator_commands, read_password, site, snapshot_all
+from rollout import (ansible_playbook, check_operator_commands, clock_inventory, jobs, operator_commands, read_password, site,
+                     writes_nothing)
 from rollout import provisioned as rollout_provisioned
 
 pytestmark = pytest.mark.lab
@@ -99,6 +100,24 @@ def test_bad_jobs_fail_preflight_and_write_nothing(lab, backend, name, jobs, mes
     assert done.returncode != 0
     assert message in done.stdout, done.stdout[-3000:]
     assert snapshot(lab) == before
+
+
+def test_a_typo_in_one_job_stops_site_yml_before_any_host_changes(lab, provisioned):
+    """site.yml's first play runs every role's checks on every host: one bad
+    job entry stops the rollout, naming the entry and the job, before the
+    backend (whose settings changed in the same run) or any node changes."""
+    provisioned("redis")
+    entries = [{"name": "fine", "command": ["true"], "schedule": "hourly"},
+               {"name": "typo", "command": ["true"], "schedule": "hourly", "ttl": "10s", "renew_every": "9s"}]
+    with writes_nothing(lab):
+        done = site(lab, "redis", {"dlock_jobs_list": entries, "dlock_redis_maxmemory": "96mb"},
+                    "-i", scenario.inventory(lab, "redis"), check=False)
+    assert done.returncode != 0
+    assert "dlock_jobs_list[1] (typo): renew_every (9s)" in done.stdout, done.stdout[-3000:]
+    recap = dict(re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", done.stdout, re.M))
+    hosts = lab.group("dlock_nodes") + lab.group("dlock_backend")
+    assert sorted(recap) == sorted(hosts) and set(recap.values()) == {"0"}, done.stdout[-3000:]
+    assert "PLAY [Provision the lock backend]" not in done.stdout, done.stdout[-3000:]
 
 
 def test_missing_backend_fails_preflight_and_writes_nothing(lab):
@@ -309,11 +328,10 @@ def test_the_operators_first_commands_find_the_postgresql_site_yml_provisioned(l
 def test_missing_postgresql_cluster_is_named_and_nothing_written(lab, provisioned):
     provisioned("postgresql")
     host = lab.group("dlock_backend")[0]
-    before = snapshot_all(lab)
-    done = site(lab, "postgresql", {"dlock_jobs_list": [], "dlock_postgresql_cluster": "nosuch"}, check=False)
+    with writes_nothing(lab):
+        done = site(lab, "postgresql", {"dlock_jobs_list": [], "dlock_postgresql_cluster": "nosuch"}, check=False)
     assert done.returncode != 0
     assert "there is no cluster 15/nosuch on %s" % host in done.stdout, done.stdout[-3000:]
-    assert snapshot_all(lab) == before
 
 
 def test_check_mode_with_the_postgresql_server_stopped(lab, provisioned):
@@ -322,21 +340,22 @@ def test_check_mode_with_the_postgresql_server_stopped(lab, provisioned):
     provisioned("postgresql")
     host = lab.group("dlock_backend")[0]
     unit = "postgresql@15-main"
-    lab.ssh(host, "systemctl stop %s" % unit, check=True)
-    try:
-        done = site(lab, "postgresql", {"dlock_jobs_list": []}, "--check", check=False)
-        assert done.returncode == 0, done.stdout[-4000:]
-        assert re.search(r"changed: \[%s\]" % re.escape(host), done.stdout), done.stdout[-4000:]
-        assert lab.ssh(host, "systemctl is-active %s" % unit).stdout.strip() == "inactive"
-    finally:
-        lab.ssh(host, "systemctl start %s" % unit, check=True)
+    with writes_nothing(lab):
+        lab.ssh(host, "systemctl stop %s" % unit, check=True)
+        try:
+            done = site(lab, "postgresql", {"dlock_jobs_list": []}, "--check", check=False)
+            assert done.returncode == 0, done.stdout[-4000:]
+            assert re.search(r"changed: \[%s\]" % re.escape(host), done.stdout), done.stdout[-4000:]
+            assert lab.ssh(host, "systemctl is-active %s" % unit).stdout.strip() == "inactive"
+        finally:
+            lab.ssh(host, "systemctl start %s" % unit, check=True)
 
 
 def test_a_backend_node_that_crashed_is_back_in_service_at_once(lab, provisioned):
     """The backend node is the lab's time root (no upstream source): no boot
     gate it could never pass (chrony-wait would hold its boot 180 s, then
     leave it degraded). The job nodes, which have a source, keep the gate."""
-    provisioned("postgresql")  # the last rollout of this module: no new one
+    provisioned("postgresql")  # the scenario's rollout still (the two runs before it wrote nothing)
     backend = lab.group("dlock_backend")[0]
     node = lab.group("dlock_nodes")[0]
     assert lab.ssh(backend, "systemctl is-enabled chrony-wait").stdout.strip() == "disabled"

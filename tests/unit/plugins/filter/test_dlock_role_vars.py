@@ -11,6 +11,7 @@ import re
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
+from jinja2 import StrictUndefined
 
 from ansible_collections.dlock.fleet.plugins.filter.dlock_role_vars import (
     TABLES, dlock_conf_line, dlock_pg_address, role_problems)
@@ -91,6 +92,19 @@ def test_it_never_raises_and_names_what_it_could_not_check():
                              "dlock_redis")
     assert "dlock_redis_user: could not be checked (RuntimeError: 'cannot be read: Pw-5ecret')" in problems
     assert "dlock_redis_password: could not be checked (RuntimeError)" in problems
+
+
+@pytest.mark.parametrize("secret", [False, True], ids=["setting", "password"])
+def test_a_variable_that_refers_to_an_undefined_one_is_named_without_its_template(secret):
+    """What ansible-core passes for `"{{ vault_pw }}"` with vault_pw undefined:
+    an Undefined that raises when read (2.18; 2.19+'s markers are Undefined
+    too). The message names the undefined variable, and nothing of the
+    template, whose braces an assert's fail_msg would template again."""
+    undefined = StrictUndefined(hint="{{ vault_pw }} 'vault_pw' is undefined", name="vault_pw")
+    name = "dlock_redis_password" if secret else "dlock_redis_user"
+    problems = role_problems(dict(GOOD_REDIS, **{name: undefined}), "dlock_redis")
+    assert problems == ["%s: refers to an undefined variable (vault_pw is undefined): define it (vault it), "
+                        "or leave it out" % name]
 
 
 @pytest.mark.parametrize("password", ["short-Pw-5ecret", "Pw-5ecret with spaces", "Pw-5ecret-long\nloadmodule /x",
