@@ -35,7 +35,9 @@ import role_readmes  # noqa: E402
 ROLES = sorted(role_readmes.roles())
 # What a user of the collection needs; nothing else goes in the tarball.
 SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "CHANGELOG.rst", "requirements.txt",
-               "bindep.txt", "meta", "playbooks", "plugins", "roles", "changelogs", "examples"}
+               "bindep.txt", "meta", "playbooks", "plugins", "roles", "changelogs", "examples", "docs"}
+# The reference the README links to, and the design (Galaxy shows docs/*.md).
+DOCS = sorted(name for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
 DEV_PARTS = {"tests", "molecule", "scripts", "build", ".venv", ".ci", ".git", "__pycache__", ".pytest_cache",
              ".ansible", "tests/output"}
 
@@ -139,6 +141,7 @@ def test_galaxy_importer_passes(release, tmp_path):
     assert docs[("module", "dlock")]["doc_strings"]["doc"]["short_description"]
     for role in ROLES:
         assert "Variables" in docs[("role", role)]["readme_html"], role
+    assert sorted(f["name"] for f in result["docs_blob"]["documentation_files"]) == DOCS
     assert result["metadata"]["license"] == ["GPL-3.0-or-later"]
     assert "example.invalid" not in json.dumps(result["metadata"])
 
@@ -157,6 +160,7 @@ def test_tarball_holds_what_users_need_and_no_development_file(release):
               "playbooks/site.yml", "playbooks/status.yml", "playbooks/break_lock.yml"}
     needed |= {"roles/%s/README.md" % role for role in ROLES}
     needed |= {"roles/%s/meta/argument_specs.yml" % role for role in ROLES}
+    needed |= {"docs/%s" % name for name in DOCS} | {"docs/runner.md"}
     assert needed <= set(files), needed - set(files)
     assert "plugins/module_utils/dlock/__main__.py" not in files
     # The developers' files: the contributors' guide and the changelog's fragments (its sources).
