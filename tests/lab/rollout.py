@@ -110,8 +110,9 @@ def shape(lab, backend_type, ha=False):
 
 # The last site.yml each lab (by prefix) finished without error: its backend
 # type, extra variables and arguments (those that change only what is printed
-# left out). provisioned() rolls out again only when the one it wants differs;
-# a failed or --check run forgets it (it may have changed part).
+# left out). scenario.converged() rolls out again only when the one it wants
+# differs; a failed or --check run forgets it (it may have changed part),
+# unless writes_nothing() proved that it changed nothing.
 LAST_ROLLOUT = {}
 OUTPUT_ONLY_ARGS = ("-v", "-vv", "-vvv", "-vvvv", "--diff", "-D")
 
@@ -141,20 +142,6 @@ def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
     if done.returncode == 0 and "--check" not in args and "-C" not in args:
         LAST_ROLLOUT[lab.prefix] = rollout_key(backend_type, extra_vars, args)
     return done
-
-
-def provisioned(lab, backend_type, any_jobs=False, inventory=None):
-    """The lab rolled out by site.yml with this backend type and no jobs (with
-    any_jobs: whatever jobs; with inventory, a molecule scenario's (see
-    scenario.py): its variables and jobs), again only when the last rollout
-    was another; returns what the nodes use: the backend URL and its password."""
-    last = LAST_ROLLOUT.get(lab.prefix)
-    extra_vars, args = ({}, ("-i", inventory)) if inventory else ({"dlock_jobs_list": []}, ())
-    wanted = rollout_key(backend_type, extra_vars, args)
-    if last != wanted and not (any_jobs and last is not None and last[0] == backend_type and last[2] == ()):
-        site(lab, backend_type, extra_vars, *args)
-    config = node_config(lab)
-    return {"url": config["backend"], "password": read_password(lab)}
 
 
 def snapshot_all(lab):

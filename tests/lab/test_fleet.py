@@ -17,9 +17,8 @@ import time
 
 import pytest
 import scenario
-from rollout import (ansible_playbook, check_operator_commands, clock_inventory, jobs, operator_commands, read_password, site,
-                     writes_nothing)
-from rollout import provisioned as rollout_provisioned
+from rollout import (ansible_playbook, check_operator_commands, clock_inventory, jobs, node_config, operator_commands,
+                     read_password, site, writes_nothing)
 
 pytestmark = pytest.mark.lab
 
@@ -39,10 +38,13 @@ BACKEND_TYPES = ["redis", "postgresql"]
 # the backend type changes, so this order costs two rollouts, not four.
 @pytest.fixture(scope="module")
 def provisioned(lab):
-    """rollout.provisioned on this lab: site.yml with that backend type and its
-    molecule scenario's variables, again only when the last rollout was another."""
-    return lambda backend_type: rollout_provisioned(lab, backend_type,
-                                                    inventory=scenario.inventory(lab, backend_type))
+    """The molecule scenario of that backend type converged on this lab
+    (scenario.converged: again only when the lab's last rollout was another);
+    returns what the nodes use: the backend URL and its password."""
+    def converged(backend_type):
+        scenario.converged(lab, backend_type)
+        return {"url": node_config(lab)["backend"], "password": read_password(lab)}
+    return converged
 
 
 @pytest.fixture(scope="module")

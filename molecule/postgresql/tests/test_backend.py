@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import subprocess  # noqa: E402
 import time  # noqa: E402
 
-from pg_checks import sql  # noqa: E402
+from pg_checks import advisory_url, sql  # noqa: E402
 
 testinfra_hosts = ["ansible://dlock_backend"]
 CONF = "/etc/postgresql/15/main"
@@ -27,7 +27,8 @@ def test_postgresql_runs_with_the_dlock_settings(host):
 
 def test_pg_hba_lets_only_the_fleet_and_the_controller_in(host):
     """The job nodes, and the controller (the lab host, x.x.x.1), which the
-    scenario adds to dlock_postgresql_clients for the module and the runbooks."""
+    scenario adds to dlock_postgresql_clients for the module and the runbooks,
+    over TLS only."""
     hba = host.file(CONF + "/pg_hba.conf")
     assert (hba.user, hba.mode) == ("postgres", 0o640)
     rules = [line.split() for line in hba.content_string.splitlines() if line.strip() and not line.startswith("#")]
@@ -37,7 +38,8 @@ def test_pg_hba_lets_only_the_fleet_and_the_controller_in(host):
                         .ansible.get_variables()["ansible_host"] + "/32" for n in nodes] + [controller + "/32"])
     assert rules[0] == ["local", "all", "postgres", "peer"]
     assert sorted(r[3] for r in rules[1:]) == addresses
-    assert all(r[:3] == ["host", "dlock", "dlock"] and r[4] == "scram-sha-256" for r in rules[1:])
+    # TLS only (the scenario sets dlock_postgresql_tls): hostssl, never host.
+    assert all(r[:3] == ["hostssl", "dlock", "dlock"] and r[4] == "scram-sha-256" for r in rules[1:])
 
 
 def test_a_dead_advisory_session_is_noticed_in_seconds(host):
@@ -49,7 +51,7 @@ def test_a_dead_advisory_session_is_noticed_in_seconds(host):
     holder = host.get_host("ansible://" + holder_name, ansible_inventory=inventory)
     other = host.get_host("ansible://" + other_name, ansible_inventory=inventory)
     holder_addr = holder.ansible.get_variables()["ansible_host"]
-    url = "postgresql+advisory://dlock@%s:5432/dlock" % host.ansible.get_variables()["ansible_host"]
+    url = advisory_url(holder)
     lab = [sys.executable, os.path.join(os.environ["MOLECULE_PROJECT_DIRECTORY"], "tests", "lab", "lab.py")]
     sessions = ("SELECT count(*) FROM pg_stat_activity WHERE usename = 'dlock' AND client_addr = '%s' "
                 "AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)" % holder_addr)
