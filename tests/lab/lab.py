@@ -801,12 +801,10 @@ class Lab:
         stopped (SIGSTOP) processes or a fault test's runtime drop-in
         (FAULT_DROPIN). Empty when every node is whole: the lab fixtures
         check it after each test module (tests/lab/conftest.py)."""
-        found = []
-        for entry in self.status():
-            name = entry["name"]
+        def node_faults(entry):
+            name, found = entry["name"], []
             if not entry["running"]:
-                found.append((name, "not running"))
-                continue
+                return [(name, "not running")]
             if entry["link"] != "up":
                 found.append((name, "link " + entry["link"]))
             if entry["delay"]:
@@ -815,14 +813,19 @@ class Lab:
             if stopped:
                 found.append((name, "stopped processes: %s" % stopped))
             if entry["link"] != "up":
-                continue
-            # A minute, not status()'s 10 s: a login can be slow on a busy lab host.
+                return found
+            # One login per node, its reachability and its drop-ins at once; a
+            # minute, not status()'s 10 s: a login can be slow on a busy lab host.
             dropins = self.ssh(name, "find /run/systemd/system -name %s" % FAULT_DROPIN, timeout=60)
             if dropins.returncode == 255:
                 found.append((name, "unreachable over SSH: %s" % dropins.stderr.strip()))
             elif dropins.stdout.split():
                 found.append((name, "fault drop-ins: %s" % " ".join(dropins.stdout.split())))
-        return found
+            return found
+
+        entries = self.status(logins=False)
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(entries))) as pool:
+            return [fault for faults in pool.map(node_faults, entries) for fault in faults]
 
     # ----------------------------------------------------------------- access
 
@@ -845,8 +848,9 @@ class Lab:
             raise LabError(f"{node}: {command!r} exited {r.returncode}: {r.stderr.strip()}")
         return r
 
-    def status(self):
-        """One dict per node: name, group, addr, pid, running, link, delay, system."""
+    def status(self, logins=True):
+        """One dict per node: name, group, addr, pid, running, link, delay, and
+        (with logins: one SSH login per node) system, systemd's state."""
         state = self._load_state()
         links = {link["ifname"]: link for link in json.loads(run(["ip", "-j", "link", "show"]).stdout)}
         result = []
@@ -870,9 +874,10 @@ class Lab:
                 return "unreachable"
             return r.stdout.strip() if r.returncode != 255 else "unreachable"
 
-        with concurrent.futures.ThreadPoolExecutor(max(1, len(result))) as pool:
-            for entry, system in zip(result, pool.map(system_state, result)):
-                entry["system"] = system
+        if logins:
+            with concurrent.futures.ThreadPoolExecutor(max(1, len(result))) as pool:
+                for entry, system in zip(result, pool.map(system_state, result)):
+                    entry["system"] = system
         return result
 
 

@@ -94,15 +94,21 @@ def lab_passwords(lab):
     return dict((name, password_file(lab, **kind)) for name, kind in PASSWORD_KINDS)
 
 
-def group_vars(name, ephemeral="/nonexistent"):
-    """The scenario's group_vars: {group: {variable: value}}."""
+def molecule_config(name, ephemeral="/nonexistent"):
+    """The scenario's molecule.yml, read as molecule reads it: interpolated
+    (of the one variable the scenarios use; $$ is a $), then parsed. The
+    one reader of the file: its group_vars, playbooks and verifier below."""
     with open(os.path.join(scenario_directory(name), "molecule.yml")) as handle:
         text = handle.read()
-    # molecule's interpolation, of the one variable the scenarios use ($$ is a $).
     text = text.replace("$$", "\0").replace(EPHEMERAL_MARK, ephemeral)
     if "$" in text:
         raise ValueError("molecule/%s/molecule.yml: a $ other than %s or $$" % (name, EPHEMERAL_MARK))
-    return yaml.safe_load(text.replace("\0", "$"))["provisioner"]["inventory"]["group_vars"]
+    return yaml.safe_load(text.replace("\0", "$"))
+
+
+def group_vars(name, ephemeral="/nonexistent"):
+    """The scenario's group_vars: {group: {variable: value}}."""
+    return molecule_config(name, ephemeral)["provisioner"]["inventory"]["group_vars"]
 
 
 def backend_type(name):
@@ -124,8 +130,7 @@ def site_vars(name, extra_vars=None):
 
 def playbooks(name):
     """The scenario's own playbooks: {step: path}."""
-    with open(os.path.join(scenario_directory(name), "molecule.yml")) as handle:
-        named = yaml.safe_load(handle)["provisioner"].get("playbooks", {})
+    named = molecule_config(name)["provisioner"].get("playbooks", {})
     return dict((step, os.path.normpath(os.path.join(scenario_directory(name), path))) for step, path in named.items())
 
 
@@ -138,8 +143,7 @@ def verify_paths(name):
     additional_files_or_dirs names (the scenario's list, else the base
     config's; relative to that directory; globs expanded)."""
     tests = os.path.join(scenario_directory(name), "tests")
-    with open(os.path.join(scenario_directory(name), "molecule.yml")) as handle:
-        own = yaml.safe_load(handle).get("verifier", {})
+    own = molecule_config(name).get("verifier", {})
     with open(BASE_CONFIG) as handle:
         base = yaml.safe_load(handle).get("verifier", {})
     additional = own.get("additional_files_or_dirs", base.get("additional_files_or_dirs", []))
