@@ -160,7 +160,7 @@ def test_tarball_holds_what_users_need_and_no_development_file(release):
               "playbooks/site.yml", "playbooks/status.yml", "playbooks/break_lock.yml"}
     needed |= {"roles/%s/README.md" % role for role in ROLES}
     needed |= {"roles/%s/meta/argument_specs.yml" % role for role in ROLES}
-    needed |= {"docs/%s" % name for name in DOCS} | {"docs/design.md", "docs/runner.md"}
+    needed |= {"docs/%s" % name for name in DOCS} | {"docs/design.md", "docs/runner.md", "docs/testing.md"}
     assert needed <= set(files), needed - set(files)
     assert "plugins/module_utils/dlock/__main__.py" not in files
     # The developers' files: the contributors' guide and the changelog's fragments (its sources).
