@@ -1,6 +1,6 @@
 """Containment: nothing of a job outlives its runner, however the runner ends.
 
-The jobs are the README's own `sh -c` form: one whose shell forks a
+The jobs are the `sh -c` form of docs/runner.md (Containment): one whose shell forks a
 grandchild (a background process beside the foreground one), and one that
 double-forks out of the job's session (`setsid` in a subshell that exits, so
 the escaped process is an orphan in a session of its own). Every process of
@@ -134,7 +134,7 @@ def _children(pid):
 def test_a_killed_guard_leaves_the_runner_to_end_the_job(containment, script, unique_key, tmp_path):
     """Without the guard, the runner kills the job's process group, and the
     job's cgroup where there is one (a setsid escape without a cgroup is the
-    case the README lists as not covered)."""
+    case docs/runner.md lists as not covered)."""
     ledger = str(tmp_path / "ledger")
     runner = start_dlock("run", "--job", "contain", "--key", unique_key, "--backend", "file://%s" % (tmp_path / "locks"),
                          "--", "/bin/sh", "-c", SCRIPTS[script].format(job=JOB, L=ledger), env=_env(containment))
