@@ -108,19 +108,22 @@ def _job_file(job, where, defaults, scheme):
 
 def _check_slot_window(job, where, lock_options, default_delay):
     """Timers fire at a boundary plus randomized delay (plus skew): all of that
-    must fit in half a slot, or nodes could land in different slots."""
-    if not job.get("once_per"):
+    must fit in half a slot, or nodes could land in different slots. The
+    job's once_per, else the runner's default one (lock_options has merged
+    them, as the runner does)."""
+    once_per = lock_options.once_per
+    if once_per is None:
         return
-    once_per = validate.duration(job["once_per"], "%s: once_per" % where)
+    field = "once_per" if job.get("once_per") is not None else "once_per of dlock_runner_defaults"
     if job.get("randomized_delay") is not None:
         delay = validate.duration(job["randomized_delay"], "%s: randomized_delay" % where)
     else:  # the role's default, which the timer uses too
         delay = validate.duration(default_delay, "dlock_jobs_randomized_delay")
     skew = lock_options.max_clock_skew  # the job's, else the runner's default, else the engine's
     if delay + skew >= once_per / 2:
-        raise ConfigError("%s: randomized_delay (%s) + max_clock_skew (%s) must stay below half of once_per "
+        raise ConfigError("%s: randomized_delay (%s) + max_clock_skew (%s) must stay below half of %s "
                           "(%s), or nodes that fire in the same slot could see different slots"
-                          % (where, validate.format_duration(delay), validate.format_duration(skew),
+                          % (where, validate.format_duration(delay), validate.format_duration(skew), field,
                              validate.format_duration(once_per)))
 
 

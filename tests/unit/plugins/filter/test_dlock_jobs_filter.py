@@ -107,6 +107,17 @@ def test_once_per_from_the_runner_defaults_is_held_to_the_period_too():
         in str(err.value)
 
 
+def test_once_per_from_the_runner_defaults_is_held_to_the_slot_window_too():
+    """The runner takes once_per from its defaults when the job has none: the
+    randomized delay must fit in half of that slot just the same."""
+    job = dict(GOOD, schedule="*:0/1", once_per=None, randomized_delay="30s")
+    with pytest.raises(AnsibleFilterError) as err:
+        dlock_jobs([job], defaults={"once_per": "1m"})
+    assert "(report): randomized_delay (30s) + max_clock_skew (2s) must stay below half of once_per of " \
+        "dlock_runner_defaults (1m)" in str(err.value)
+    assert dlock_jobs([dict(job, randomized_delay="20s")], defaults={"once_per": "1m"})[0]["state"] == "present"
+
+
 @pytest.mark.parametrize("schedule, once_per", [
     ("hourly", "1h"), ("*:0/5", "5m"), ("daily", "1d"), ("*-*-* 02:00:00 Europe/Berlin", "1d"), ("weekly", "7d"),
     ("Mon..Fri 09:00", "1d"), ("Sat,Sun 10:00", "1d"), ("*:*:0/5", "5s"), ("monthly", "28d"),
