@@ -66,7 +66,9 @@ def merge_backend(args, backend, where=BACKEND_VAR):
     if not isinstance(backend, Mapping):
         raise ConfigError("%s: must be a mapping (url, password, password_file, ca_file, op_timeout) or a URL"
                           % where)
-    unknown = sorted(set(backend) - set(BACKEND_FIELDS))
+    # Shown as the validation core shows any value: a key that is no string,
+    # or holds a line break, is named, never sorted against str or echoed raw.
+    unknown = sorted(validate.shown(key) for key in backend if key not in BACKEND_FIELDS)
     if unknown:
         raise ConfigError("%s: unknown key(s) %s (allowed: %s)"
                           % (where, ", ".join(unknown), ", ".join(sorted(BACKEND_FIELDS))))

@@ -62,8 +62,10 @@ def test_a_password_file_on_the_task_replaces_the_inventory_password():
 
 
 @pytest.mark.parametrize("value,words", [
-    ({"url": URL, "passwd": "x"}, "dlock_backend: unknown key(s) passwd"),
+    ({"url": URL, "passwd": "x"}, "dlock_backend: unknown key(s) 'passwd'"),
     (["redis://a"], "dlock_backend: must be a mapping"),
+    # Keys YAML makes of numbers and of nothing, beside a string one; a line break.
+    ({"url": URL, 1: "x", None: "y", "pass\nword": "z"}, "dlock_backend: unknown key(s) 'pass\\nword', 1, None "),
 ])
 def test_bad_dlock_backend_is_refused(value, words):
     with pytest.raises(ConfigError) as err:
