@@ -98,3 +98,24 @@ def test_an_output_that_cannot_be_written_is_named_before_any_work(redis_server,
     done = run_dlock("metrics", *flags)
     assert done.returncode == 78 and "metrics_dir %s/dlock-lock-state.prom: its directory" % (tmp_path / "gone") \
         in done.stderr, done.stderr
+
+
+def test_a_job_file_that_does_not_load_hides_that_job_only(redis_server, unique_key, tmp_path):
+    """One broken job file (hand-edited, or written for a newer runner) leaves
+    the other jobs in `dlock status` and in the exported state, names itself
+    on stderr, is exported as dlock_job_file_invalid, and makes status exit
+    78 (a configuration error) so that a script notices."""
+    job = "job-" + unique_key[-6:]
+    flags = node(tmp_path, redis_server.url, job)
+    (tmp_path / "jobs" / "broken.json").write_text(json.dumps({"command": ["true"], "ttl": "20s", "tll": "1m"}))
+    done = run_dlock("metrics", *flags, "--output", "-")
+    assert done.returncode == 0, done.stderr
+    assert value(done.stdout, r'dlock_lock_state_held\{job="%s",key="%s"\}' % (job, job)) == 0
+    assert value(done.stdout, r'dlock_job_file_invalid\{job="broken"\}') == 1
+    assert not re.search(r'dlock_job_file_invalid\{job="%s"\}' % job, done.stdout)
+    assert "dlock metrics: job broken left out: " in done.stderr and "tll" in done.stderr, done.stderr
+    promtool_clean(done.stdout)
+    shown = run_dlock("status", "--json", *flags[:2])
+    assert shown.returncode == 78, shown.stderr
+    assert [row["job"] for row in json.loads(shown.stdout)] == [job]
+    assert "dlock status: job broken left out: " in shown.stderr, shown.stderr

@@ -10,20 +10,34 @@ import time
 from . import clock, lockstate, report, validate
 from .backends import open_backend
 from .config import load_settings
-from .errors import EXIT_CLOCK, BackendError, ConfigError, DlockError
+from .errors import EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
 from .validate import format_duration
 
 
 def _jobs_to_show(settings, args, flags):
+    """([(job, key)], [(job, why its file does not load)]): the job or key
+    named, else every job of the jobs directory. A job file that does not
+    load hides that job only: the others are still shown and exported."""
     if getattr(args, "key", None):
-        return [(args.job or "-", args.key)]
+        return [(args.job or "-", args.key)], []
     if getattr(args, "job", None):
-        return [(args.job, settings.key)]
+        return [(args.job, settings.key)], []
     try:
         names = sorted(f[:-5] for f in os.listdir(settings.jobs_dir) if f.endswith(".json"))
     except OSError as exc:
         raise ConfigError("jobs dir %s: cannot list (%s); name a --job or --key" % (settings.jobs_dir, exc.strerror))
-    return [(name, load_settings(flags, job=name).key) for name in names]
+    jobs, invalid = [], []
+    for name in names:
+        try:
+            jobs.append((name, load_settings(flags, job=name).key))
+        except ConfigError as exc:
+            invalid.append((name, str(exc)))
+    return jobs, invalid
+
+
+def _report_invalid(command, invalid):
+    for name, why in invalid:
+        sys.stderr.write("dlock %s: job %s left out: %s\n" % (command, name, why))
 
 
 def _ttl_cell(row):
@@ -92,15 +106,20 @@ def _cluster_text(cluster):
 def status(args, flags):
     # A job named without --key must exist: a typo is not "free".
     settings = load_settings(flags, job=args.job, job_must_exist=bool(args.job and not args.key))
-    rows, info, failure = _status_rows(settings, _jobs_to_show(settings, args, flags))
+    jobs, invalid = _jobs_to_show(settings, args, flags)
+    rows, info, failure = _status_rows(settings, jobs)
+    _report_invalid("status", invalid)
     if failure is not None:
         _write_backend(info, sys.stderr)
         raise failure
+    # Every job that loads is shown; a job file that does not makes the exit
+    # code a configuration error's, so that a script notices.
+    outcome = EXIT_CONFIG if invalid else 0
     if args.json:
         for row in rows:
             row["backend"] = info
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
-        return 0
+        return outcome
     table = [("JOB", "KEY", "HOLDER", "AGE", "TTL LEFT", "FENCE", "LAST RESULT")]
     for row in rows:
         last = row["last"] or {}
@@ -116,7 +135,7 @@ def status(args, flags):
         sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
     sys.stdout.write("\n")
     _write_backend(info, sys.stdout)
-    return 0
+    return outcome
 
 
 def _write_backend(info, stream):
@@ -193,7 +212,11 @@ def metrics(args, flags):
         raise ConfigError("metrics: give --output FILE, or set metrics_dir in the config")
     if output != "-":
         _check_output_file(output, "--output" if args.output else "metrics_dir")
-    jobs = _jobs_to_show(settings, args, flags)  # from the job files: known even when the backend is down
+    # From the job files: known even when the backend is down. A job file that
+    # does not load is exported as such (dlock_job_file_invalid), not skipped
+    # in silence, and does not keep the other jobs' state from the file.
+    jobs, invalid = _jobs_to_show(settings, args, flags)
+    _report_invalid("metrics", invalid)
     rows, info, failure = _status_rows(settings, jobs)
     clock_check = None
     if failure is None:
@@ -206,7 +229,8 @@ def metrics(args, flags):
             backend.close()
     periods = dict((job, lockstate.schedule_period(args.unit_dir, job)) for job, _key in jobs)
     text = report.render_families(lockstate.families(
-        rows, dict((job, p) for job, p in periods.items() if p), clock_check, time.time(), info))
+        rows, dict((job, p) for job, p in periods.items() if p), clock_check, time.time(), info,
+        invalid_jobs=[name for name, _why in invalid]))
     if output == "-":
         sys.stdout.write(text)
     else:

@@ -27,6 +27,8 @@ METRICS = (
     ("dlock_lock_state_last_run_timestamp_seconds", "gauge", "Unix time the last run of the job ended, on any node."),
     ("dlock_lock_state_last_exit_code", "gauge", "Exit code of the last run of the job, on any node."),
     ("dlock_job_schedule_period_seconds", "gauge", "Seconds between two runs of the job's timer."),
+    ("dlock_job_file_invalid", "gauge",
+     "1 for a job file this node's runner cannot load: the job does not run here (dlock status names why)."),
     ("dlock_lock_state_refresh_success", "gauge", "1 when the last lock-state refresh could query the backend."),
     ("dlock_lock_state_refresh_timestamp_seconds", "gauge", "Unix time of the last lock-state refresh."),
     ("dlock_clock_check_safe", "gauge", "1 when this node's clock check passed (dlock check-clock)."),
@@ -86,12 +88,13 @@ def _backend_samples(samples, info):
             samples["dlock_backend_sync_standbys"].append(({}, cluster["sync_standbys"]))
 
 
-def families(rows, periods, clock, refreshed_at, backend=None):
+def families(rows, periods, clock, refreshed_at, backend=None, invalid_jobs=()):
     """Metric families for report.render_families.
 
     rows: `dlock status --json` rows (None when the backend could not be
     queried); periods: {job: seconds}; clock: clock.assess() or None;
-    backend: Backend.describe(cluster=True) or None."""
+    backend: Backend.describe(cluster=True) or None; invalid_jobs: the jobs
+    whose file does not load."""
     samples = dict((name, []) for name, _kind, _help in METRICS)
     if backend:
         _backend_samples(samples, backend)
@@ -114,6 +117,8 @@ def families(rows, periods, clock, refreshed_at, backend=None):
             samples["dlock_lock_state_last_exit_code"].append((labels, last["exit_code"]))
     for job in sorted(periods):
         samples["dlock_job_schedule_period_seconds"].append(({"job": job}, periods[job]))
+    for job in sorted(invalid_jobs):
+        samples["dlock_job_file_invalid"].append(({"job": job}, 1))
     samples["dlock_lock_state_refresh_success"].append(({}, 0 if rows is None else 1))
     samples["dlock_lock_state_refresh_timestamp_seconds"].append(({}, round(refreshed_at, 3)))
     if clock is not None:
