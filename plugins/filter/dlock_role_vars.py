@@ -648,19 +648,25 @@ RULES = {"dlock_redis": _redis_rules, "dlock_postgresql": _postgresql_rules, "dl
 UNDEFINED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)' is undefined")
 
 
-def _undefined(name, value):
-    """A variable whose template refers to an undefined one: ansible-core
-    passes the filter an Undefined (2.18) or a marker (2.19+) that raises
-    when read. Only the undefined variable's name is kept of that error: its
-    hint quotes the template, braces and all, which an assert's fail_msg
-    would template again."""
+def _unreadable(name, message):
+    """A variable that cannot be read, for its template failed: 2.19+'s lazy
+    mapping raises when the filter reads it, 2.18 passes an Undefined. Only
+    an undefined variable's name is kept of the message: the rest may quote
+    the template, braces and all, which an assert's fail_msg would template
+    again, or (2.19) a password beside it in the inventory."""
+    found = UNDEFINED.search(message)
+    if found:
+        return ("%s: refers to an undefined variable (%s is undefined): define it (vault it), or leave it out"
+                % (name, found.group(1)))
+    return "%s: could not be read (its template failed)" % name
+
+
+def _undefined_message(value):
+    """Jinja's own message of an Undefined, read without using the value."""
     try:
-        str(value)
-        reason = ""
-    except Exception as exc:  # pylint: disable=broad-exception-caught
-        found = UNDEFINED.search(str(exc))
-        reason = " (%s is undefined)" % found.group(1) if found else ""
-    return "%s: refers to an undefined variable%s: define it (vault it), or leave it out" % (name, reason)
+        return str(object.__getattribute__(value, "_undefined_message"))
+    except Exception:  # pylint: disable=broad-exception-caught
+        return ""
 
 
 def _unexpected(name, exc):
@@ -690,17 +696,22 @@ def role_problems(variables, role):
     for name, check in table.items():
         if name not in variables:
             continue
-        if isinstance(variables[name], Undefined):
-            problems.append(_undefined(name, variables[name]))
+        try:
+            value = variables[name]
+        except Exception as exc:  # pylint: disable=broad-exception-caught
+            problems.append(_unreadable(name, str(exc)))
+            continue
+        if isinstance(value, Undefined):
+            problems.append(_unreadable(name, _undefined_message(value)))
             continue
         try:
-            check(variables[name], name)
+            check(value, name)
         except ConfigError as exc:
             problems.append(str(exc))
         except Exception as exc:  # pylint: disable=broad-exception-caught
             problems.append(_unexpected(name, exc))
         else:
-            passed[name] = variables[name]
+            passed[name] = value
     try:
         problems.extend(RULES[role](passed))
     except Exception as exc:  # pylint: disable=broad-exception-caught
