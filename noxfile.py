@@ -34,13 +34,14 @@ SCENARIOS = ("redis", "postgresql", "etcd", "postgresql-ha")
 
 @nox.session(python=False, tags=["pr", "full"])
 def lint(session):
-    """ansible-lint (production profile), molecule's syntax check of every scenario, and promtool on the shipped
-    alert rules."""
+    """ansible-lint (production profile), molecule's syntax check of every scenario, promtool on the shipped
+    alert rules, and the docsite antsibull-docs renders (scripts/docsite.sh: Sphinx, warnings as errors)."""
     session.run("ansible-lint", external=True)
     session.run("molecule", "syntax", *[arg for name in SCENARIOS for arg in ("-s", name)], external=True)
     session.run("promtool", "check", "rules", "roles/dlock_metrics/files/dlock.rules.yml", external=True)
     with session.chdir("roles/dlock_metrics/files"):
         session.run("promtool", "test", "rules", "dlock.rules.test.yml", external=True)
+    session.run("bash", "scripts/docsite.sh", external=True)
 
 
 @nox.session(python=False, tags=["full"])
