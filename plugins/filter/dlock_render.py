@@ -6,6 +6,7 @@ in its format, and escapes what the format would otherwise interpret."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from ansible.errors import AnsibleFilterError
@@ -56,10 +57,21 @@ def dlock_pg_string(value, what="setting"):
     return "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
+def dlock_seconds(value, what="duration"):
+    """A duration as the engine reads it (500ms, 90, 90s, 5m, 1h, 1d), in
+    whole seconds rounded up (what timeout(1) and a task's retries count in):
+    one parser for the roles and the runner alike."""
+    try:
+        return int(math.ceil(validate.duration(value, what)))
+    except ConfigError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
 class FilterModule(object):
     def filters(self):
         return {
             "dlock_unit_value": dlock_unit_value,
             "dlock_conf_token": dlock_conf_token,
             "dlock_pg_string": dlock_pg_string,
+            "dlock_seconds": dlock_seconds,
         }

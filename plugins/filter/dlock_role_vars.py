@@ -477,6 +477,7 @@ TABLES = {
         "dlock_jobs_metrics_dir": _empty_or(_path),
         "dlock_jobs_unit_dir": _path,
         "dlock_jobs_backend_url": _empty_or(_backend_url),
+        "dlock_jobs_drain_timeout": _duration(positive=True),
     },
 }
 

@@ -356,6 +356,12 @@ case(J, "unit_dir", unit_dir="/etc/systemd/system/../x")
 case(J, "backend_url", backend_url="bogus://db1")
 case(J, "backend_url", backend_url="redis://u:%s@db1:6379/0" % SECRET_URL)
 case(J, "backend_url", backend_url="redis://db1:6379/0" + NL + "ExecStartPre=/bin/sh")
+case(J, "drain_timeout", drain_timeout="NaN")
+case(J, "drain_timeout", drain_timeout=1e308)
+case(J, "drain_timeout", drain_timeout="0s")
+case(J, "drain_timeout", drain_timeout="1h" + NL + "x")
+case(J, "drain_timeout", drain_timeout="1h\x00")
+case(J, "drain_timeout", drain_timeout=["1h"])
 
 # -- dlock_etcd -----------------------------------------------------------------
 E = "dlock_etcd"

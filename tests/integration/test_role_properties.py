@@ -85,6 +85,7 @@ RENDER_FILTERS = {
     "dlock_pg_string": dlock_render.dlock_pg_string,
     "dlock_pg_address": role_vars.dlock_pg_address,
     "dlock_conf_line": role_vars.dlock_conf_line,
+    "dlock_seconds": dlock_render.dlock_seconds,
 }
 
 
@@ -217,6 +218,23 @@ def test_accepted_host_names_round_trip(value):
 def test_accepted_durations_round_trip(seconds):
     assert validate.duration(validate.format_duration(seconds), "f") == seconds
     assert validate.duration(str(seconds), "f") == seconds
+
+
+@FAST
+@given(milliseconds=st.integers(1, 10 ** 9))
+def test_seconds_are_the_engines_duration_rounded_up(milliseconds):
+    """dlock_seconds (drain's timeout(1)) reads what the engine reads and
+    never waits less: whole seconds, at least the duration."""
+    value = "%dms" % milliseconds
+    seconds = dlock_render.dlock_seconds(value)
+    assert seconds - 1 < validate.duration(value, "f") <= seconds
+    assert dlock_render.dlock_seconds(validate.format_duration(seconds)) == seconds
+
+
+@pytest.mark.parametrize("value", ["NaN", 1e308, float("nan"), "-1s", "1h\n", "1h\x00", ["1h"], True, "5 minutes"])
+def test_seconds_refuse_what_the_engine_refuses(value):
+    with pytest.raises(AnsibleFilterError):
+        dlock_render.dlock_seconds(value, "dlock_jobs_drain_timeout")
 
 
 @FAST

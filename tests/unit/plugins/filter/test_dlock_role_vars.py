@@ -35,11 +35,14 @@ def test_the_table_covers_every_variable_of_the_role(role):
 
 @pytest.mark.parametrize("role", sorted(TABLES))
 def test_the_preflight_hands_over_exactly_the_table(role):
-    tasks = _load(role, "tasks", "preflight.yml")
-    flat = []
-    for task in tasks:
-        flat.extend(task.get("block", [task]))
-    [judge] = [task for task in flat if task.get("name") == "Preflight | Judge the settings"]
+    def flat(tasks):  # blocks opened, imported task files read in
+        for task in tasks:
+            if "ansible.builtin.import_tasks" in task:
+                yield from flat(_load(role, "tasks", task["ansible.builtin.import_tasks"]))
+            else:
+                yield from (flat(task["block"]) if "block" in task else [task])
+    [judge] = [task for task in flat(_load(role, "tasks", "preflight.yml"))
+               if task.get("name") == "Preflight | Judge the settings"]
     assert judge["no_log"] is True
     [(fact, expression)] = judge["ansible.builtin.set_fact"].items()
     assert fact == "__%s_problems" % role
