@@ -82,8 +82,12 @@ def test_the_engine_works_under_the_role(pg_server, provisioned, unique_key):
             assert a.release(key, "owner-a", last={"result": "success"})
             slot = Slot(int(time.time()) // 60, marker_ttl=120)
             assert b.acquire(key, "owner-b", 5, slot).granted
-            assert b.release(key, "owner-b")
+            assert b.release(key, "owner-b", last={"result": "failed"}, slot=slot)  # the marker records it
             assert a.acquire(key, "owner-a", 5, slot).status == "duplicate"
+            rerun = Slot(slot.number, 120, 60.0, rerun=True)  # the slot's row locked, its marker ours
+            assert a.acquire(key, "owner-a", 5, rerun).granted
+            assert a.release(key, "owner-a", last={"result": "success"}, slot=rerun)
+            assert b.acquire(key, "owner-b", 5, rerun).status == "duplicate"
             assert a.acquire(key, "owner-a", 5).granted
             assert b.force_release(key).owner == "owner-a"  # an operator breaking a runner's lock
             assert b.server_time() > 0

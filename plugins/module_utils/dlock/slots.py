@@ -27,9 +27,45 @@ def marker_ttl(width):
     return 1.5 * width
 
 
+def boundary(slot, width):
+    """The slot's boundary as run ids and `dlock run --rerun` write it (UTC)."""
+    return time.strftime(BOUNDARY_FORMAT, time.gmtime(slot * width))
+
+
+BOUNDARY_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
 def run_id(job, slot, width, fence):
     """DLOCK_RUN_ID: stable for one slot (job@boundary, UTC), else job#fence."""
     if slot is None:
         return "%s#%d" % (job, fence)
-    boundary = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(slot * width))
-    return "%s@%s" % (job, boundary)
+    return "%s@%s" % (job, boundary(slot, width))
+
+
+# What a slot marker holds: the owner token of the grant that claimed the
+# slot (its run still going, or its runner died before the release), or,
+# once the release of that run recorded its result, DONE or FAILED before
+# that owner. Only DONE ends the slot for good: any other marker may be
+# rerun (`dlock run --rerun`), a grant that sets the marker to its own owner.
+# The prefixes end in a space, which no owner token starts with: a runner's
+# begins with its host name (runner.new_owner), and a host named "done"
+# would make "done:" ambiguous (its bare owner would read as a success).
+DONE = "done "
+FAILED = "failed "
+
+
+def outcome_marker(owner, result):
+    """The marker a release writes for a run of `owner` that ended with `result`."""
+    return (DONE if result == "success" else FAILED) + owner
+
+
+def marker_owner(value):
+    """The owner token a marker names, whatever outcome it records."""
+    for prefix in (DONE, FAILED):
+        if value.startswith(prefix):
+            return value[len(prefix):]
+    return value
+
+
+def marker_succeeded(value):
+    return value.startswith(DONE)

@@ -5,6 +5,7 @@ import time
 
 from .. import validate
 from ..errors import ConfigError, DlockError
+from ..slots import marker_succeeded
 
 
 def validate_key(key, field="key"):
@@ -53,15 +54,39 @@ class Slot(object):
     acquire() sets it to the slot actually claimed. A runner delayed between
     its estimate and the grant (stopped, paused, slow network) so can never
     claim a slot whose window has passed and whose marker may have expired.
-    Without a width the number is taken as given (tests, tools)."""
+    Without a width the number is taken as given (tests, tools).
 
-    def __init__(self, number, marker_ttl, width=None):
+    rerun: a rerun of slot `number` (`dlock run --rerun`), whose number is
+    never moved; the grant rule is rerun_refusal's, applied inside the
+    backend's atomic grant step: the marker then names the new owner, its
+    expiry unchanged."""
+
+    def __init__(self, number, marker_ttl, width=None, rerun=False):
         self.number = number
         self.marker_ttl = marker_ttl
         self.width = width
+        self.rerun = rerun
 
     def __repr__(self):
         return "Slot(%d)" % self.number
+
+
+def rerun_refusal(number, current, marker):
+    """Why a rerun of slot `number` is refused, or None: the rule of a rerun
+    grant, for the backends that judge it in Python under their lock or
+    compare (file, etcd); Redis's ACQUIRE and PostgreSQL's RERUN_SLOT write
+    the same rule in Lua and SQL. `current`: the backend's slot now;
+    `marker`: the slot's live marker (None: expired, or never claimed).
+    'future' (not yet begun), 'unknown' (no marker: nothing ran that a
+    rerun could repeat) or 'duplicate' (the slot succeeded: a success is
+    final). A grant still needs the lock free by the usual rules."""
+    if number > current:
+        return "future"
+    if marker is None:
+        return "unknown"
+    if marker_succeeded(marker):
+        return "duplicate"
+    return None
 
 
 class Holder(object):
@@ -97,7 +122,9 @@ class Holder(object):
 
 
 class Grant(object):
-    """Answer to an acquire: status is 'granted', 'locked' or 'duplicate'."""
+    """Answer to an acquire: status is 'granted', 'locked' or 'duplicate'; a
+    rerun's also 'future' or 'unknown' (rerun_refusal). A duplicate's holder
+    names the owner of the slot's marker (slots.marker_owner)."""
 
     def __init__(self, status, fence=None, holder=None):
         self.status = status
@@ -162,7 +189,11 @@ class Backend(object):
         server outlives the runner by its TTL."""
         return ()
 
-    def release(self, key, owner, min_hold=0.0, last=None):
+    def release(self, key, owner, min_hold=0.0, last=None, slot=None):
+        """Owner-checked release; with `last` (the run's record, its result)
+        and `slot`, the slot's marker, if it still names `owner`, is
+        rewritten in the same step to record the outcome
+        (slots.outcome_marker), its expiry unchanged."""
         raise NotImplementedError
 
     def force_release(self, key):

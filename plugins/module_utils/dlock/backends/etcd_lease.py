@@ -5,7 +5,7 @@ Keys, under the URL's prefix P (default /dlock; an etcd role with a
 readwrite permission on the prefix P/ suffices):
   P/KEY/lock    JSON {owner, acquired_at}, attached to the holder's lease
   P/KEY/fence   empty, written in every grant: its mod_revision is the last fence
-  P/KEY/slot/N  once-per marker of slot N (the owner), with its own lease
+  P/KEY/slot/N  once-per marker of slot N (slots.py: the owner, or the outcome), with its own lease
   P/KEY/last    JSON of the last finished run
   P/KEY/queue/OWNER  a waiter's ticket, attached to a lease of its own
 Lock keys cannot hold '/', so no key's names reach into another key's.
@@ -45,9 +45,9 @@ import time
 from ..errors import AuthError, BackendError, ConfigError, MissingDriver
 from ..options import BACKEND_MIN_TTL
 from ..safefile import require_regular
-from ..slots import SLOT_TRIES, slot_number
+from ..slots import SLOT_TRIES, marker_owner, outcome_marker, slot_number
 from ..validate import MAX_DURATION, backend_url
-from .base import Backend, Grant, Holder, endpoint, lease_ms
+from .base import Backend, Grant, Holder, endpoint, lease_ms, rerun_refusal
 
 try:
     import requests
@@ -258,6 +258,28 @@ class EtcdBackend(Backend):
     def _queue(self, key):
         return "%s/%s/queue/" % (self.prefix, key)
 
+    def _marker(self, key, slot):
+        return "%s/%s/slot/%d" % (self.prefix, key, slot.number)
+
+    def _rerun_marker(self, key, slot):
+        """The marker a rerun of slot may replace, or the refusal (a Grant):
+        base.rerun_refusal, on the member's clock (the Date header of the
+        read's answer, the start of its second: a slot that began within
+        that second may be refused, never one in the future granted). The
+        grant's transaction then compares the marker's mod_revision with
+        this read's, so the rule holds at the grant: a marker changed
+        meanwhile (a rerun, a release, its expiry) fails the compare."""
+        response = self._post("/kv/range", {"key": _b64(self._marker(key, slot))}, stream=True)
+        try:
+            kvs, answered = response.json().get("kvs") or [], _date(response)
+        except ValueError as exc:
+            raise BackendError("etcd: unreadable answer to the read of a slot marker: %s" % exc)
+        marker = _KV(kvs[0]) if kvs else None
+        refusal = rerun_refusal(slot.number, slot_number(answered, slot.width), marker and marker.value)
+        if refusal == "duplicate":
+            return Grant(refusal, holder=Holder(key, owner=marker_owner(marker.value)))
+        return Grant(refusal) if refusal else marker
+
     def _queue_compare(self, key, owner):
         """The grant's condition on the line: no live ticket older than ours
         (a range compare holds for every key in the range; an empty range
@@ -302,6 +324,11 @@ class EtcdBackend(Backend):
             refusal = self._refused_in_line(key, owner)
             if refusal is not None:
                 return refusal
+        rerun = slot is not None and slot.rerun
+        if rerun:
+            seen = self._rerun_marker(key, slot)
+            if isinstance(seen, Grant):
+                return seen
         lease = self._grant_lease(_seconds(ttl, "ttl", self.min_ttl))
         value = json.dumps({"owner": owner, "acquired_at": time.time()}, sort_keys=True)
         compare = [{"key": _b64(lock), "target": "CREATE", "result": "EQUAL", "create_revision": 0},
@@ -310,8 +337,14 @@ class EtcdBackend(Backend):
                    {"request_put": {"key": _b64(fence), "value": ""}}]
         failure = [{"request_range": {"key": _b64(lock)}}]
         marker_lease = None
-        if slot is not None:
-            marker = "%s/%s/slot/%d" % (self.prefix, key, slot.number)
+        if rerun:
+            # The marker read (never a success), now ours, on its own lease: its expiry is kept.
+            marker = _b64(self._marker(key, slot))
+            compare.append({"key": marker, "target": "MOD", "result": "EQUAL", "mod_revision": seen.mod_revision})
+            success.append({"request_put": {"key": marker, "value": _b64(owner), "lease": seen.lease}})
+            failure.append({"request_range": {"key": marker}})
+        elif slot is not None:
+            marker = self._marker(key, slot)
             marker_lease = self._grant_lease(_seconds(slot.marker_ttl, "once_per marker", 1.0))
             compare.append({"key": _b64(marker), "target": "CREATE", "result": "EQUAL", "create_revision": 0})
             success.append({"request_put": {"key": _b64(marker), "value": _b64(owner), "lease": marker_lease}})
@@ -328,7 +361,7 @@ class EtcdBackend(Backend):
                 self._revoke(marker_lease)
             raise
         revision = int(answer["header"]["revision"])
-        if answer.get("succeeded") and slot is not None and slot.width is not None and not (
+        if answer.get("succeeded") and marker_lease and slot.width is not None and not (
                 (slot.number - 0.5) * slot.width < answered + 1 and answered < (slot.number + 0.5) * slot.width):
             # Granted outside the slot's window on the member's clock (a delayed
             # grant): undo it (revoking the leases deletes both keys), ask again.
@@ -350,8 +383,11 @@ class EtcdBackend(Backend):
             self._revoke(marker_lease)
         self._seen[key] = revision
         marker_kv = _first_kv(answer["responses"][1]) if slot is not None else None
-        if marker_kv is not None:
-            return Grant("duplicate", holder=Holder(key, owner=marker_kv.value))
+        if rerun:
+            if held is None and (marker_kv is None or marker_kv.mod_revision != seen.mod_revision):
+                return None  # the marker changed since it was read: judge the rerun again
+        elif marker_kv is not None:
+            return Grant("duplicate", holder=Holder(key, owner=marker_owner(marker_kv.value)))
         if held is None:  # free, but others came first
             return Grant("locked", holder=Holder(key, queued=self._waiters(key), server_time=time.time()))
         return Grant("locked", holder=self._holder(key, held))
@@ -388,7 +424,7 @@ class EtcdBackend(Backend):
                                % (key, left, ttl))
         return True
 
-    def release(self, key, owner, min_hold=0.0, last=None):
+    def release(self, key, owner, min_hold=0.0, last=None, slot=None):
         """Owner-checked delete; record the last run; revoke our lease.
 
         min_hold (lockAtLeastFor) keeps the key until acquired_at + min_hold,
@@ -415,7 +451,18 @@ class EtcdBackend(Backend):
                 success.append({"request_put": {"key": _b64(lock), "ignore_value": True, "lease": short}})
         # mod_revision: the key is still the one we read (owner and lease).
         compare = [{"key": _b64(lock), "target": "MOD", "result": "EQUAL", "mod_revision": held.mod_revision}]
-        answer = self._txn(compare, success, [])
+        marker = self._get(self._marker(key, slot)) if slot is not None and last else None
+        if marker is not None and marker.value == owner:
+            # The slot's marker records the outcome, on its own lease (its
+            # expiry kept), if it is still the one read (else: the release
+            # without it, below).
+            name = _b64(self._marker(key, slot))
+            answer = self._txn(compare + [{"key": name, "target": "MOD", "result": "EQUAL",
+                                           "mod_revision": marker.mod_revision}],
+                               success + [{"request_put": {"key": name, "value": _b64(outcome_marker(
+                                   owner, last.get("result"))), "lease": marker.lease}}], [])
+        if marker is None or marker.value != owner or not answer.get("succeeded"):
+            answer = self._txn(compare, success, [])
         self._leases.pop((key, owner), None)
         if not answer.get("succeeded"):
             if short:

@@ -8,7 +8,8 @@ Waiters keep no line here: they try the flock every POLL seconds (a local
 system call), so among waiters the lock goes to whoever tries first after the
 release, as it would among processes blocked in flock(2), not by arrival.
 Beside the lock file, KEY.json (replaced atomically, under the lock) keeps the
-fence, holder, min-hold deadline, last slot and last run.
+fence, holder, min-hold deadline, last slot and last run, and the last
+slot's marker (slots.py: the owner, or the outcome) with its expiry.
 
 The directory may be shared by the jobs of several users, so what lies in it
 is not trusted: a symbolic link or a FIFO at a lock or state file's name is
@@ -27,8 +28,8 @@ import time
 
 from ..errors import BackendError, ConfigError
 from ..safefile import read_regular, replace_file
-from ..slots import slot_number
-from .base import Backend, Grant, Holder
+from ..slots import marker_owner, outcome_marker, slot_number
+from .base import Backend, Grant, Holder, rerun_refusal
 
 POLL = 0.01
 MAX_FENCE = 2 ** 63 - 1
@@ -56,6 +57,7 @@ def _state(text):
     sane = (isinstance(fence, int) and not isinstance(fence, bool) and 0 <= fence < MAX_FENCE
             and _number_or_none(state.get("acquired_at")) and _number_or_none(state.get("hold_until"))
             and _int_or_none(state.get("slot")) and isinstance(state.get("owner"), (str, type(None)))
+            and isinstance(state.get("marker"), (str, type(None))) and _number_or_none(state.get("marker_until"))
             and isinstance(state.get("last"), (dict, type(None))))
     return state if sane else {}
 
@@ -134,7 +136,7 @@ class FileBackend(Backend):
         return {"backend": self.name, "member": {"endpoint": self.directory}, "cluster": None}
 
     def acquire(self, key, owner, ttl, slot=None):
-        if slot is not None and slot.width is not None:
+        if slot is not None and slot.width is not None and not slot.rerun:
             slot.number = slot_number(time.time(), slot.width)  # this host's clock is the backend's
         try:
             # exist_ok: runners started together race to create it.
@@ -155,21 +157,41 @@ class FileBackend(Backend):
 
     def _grant(self, fd, key, owner, slot):
         state = self._read_state(key)
-        if slot is not None and state.get("slot") == slot.number:
+        if slot is not None and not slot.rerun and state.get("slot") == slot.number:
             return Grant("duplicate", holder=self._holder(key, state, held=False))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (IOError, OSError):
             return Grant("locked", holder=self._holder(key, state, held=True))
         state = self._read_state(key)  # now under the lock
-        if (state.get("hold_until") or 0) > time.time() or (slot is not None and state.get("slot") == slot.number):
+        if slot is not None and slot.rerun:
+            refusal = self._rerun_refusal(state, slot)
+            if refusal == "duplicate":
+                return Grant(refusal, holder=Holder(key, owner=marker_owner(state["marker"])))
+            if refusal is not None:
+                return Grant(refusal, holder=self._holder(key, state, held=False) if refusal == "locked" else None)
+        elif (state.get("hold_until") or 0) > time.time() or (slot is not None and state.get("slot") == slot.number):
             status = "duplicate" if slot is not None and state.get("slot") == slot.number else "locked"
             return Grant(status, holder=self._holder(key, state, held=False))
         state.update(owner=owner, fence=state.get("fence", 0) + 1, acquired_at=time.time(), hold_until=None)
-        if slot is not None:
-            state["slot"] = slot.number
+        if slot is not None and slot.rerun:
+            state["marker"] = owner  # its expiry kept
+        elif slot is not None:
+            state.update(slot=slot.number, marker=owner, marker_until=time.time() + slot.marker_ttl)
         self._write_state(key, state, durable=True)
         return Grant("granted", fence=state["fence"])
+
+    @staticmethod
+    def _rerun_refusal(state, slot):
+        """base.rerun_refusal on this host's clock, under the lock; a held
+        min_hold is 'locked' as for any grant. Only the last slot claimed
+        keeps a marker here (an earlier one is 'unknown')."""
+        now = time.time()
+        live = state.get("slot") == slot.number and (state.get("marker_until") or 0) > now
+        refusal = rerun_refusal(slot.number, slot_number(now, slot.width), state.get("marker") if live else None)
+        if refusal is None and (state.get("hold_until") or 0) > now:
+            return "locked"
+        return refusal
 
     def renew(self, key, owner, ttl):
         return key in self._fds and self._read_state(key).get("owner") == owner
@@ -181,7 +203,7 @@ class FileBackend(Backend):
         job's end, so the release (after that report) still frees the lock."""
         return (self._fds[key],) if key in self._fds else ()
 
-    def release(self, key, owner, min_hold=0.0, last=None):
+    def release(self, key, owner, min_hold=0.0, last=None, slot=None):
         fd = self._fds.pop(key, None)
         if fd is None:
             return False
@@ -189,6 +211,8 @@ class FileBackend(Backend):
             state = self._read_state(key)
             if last:
                 state["last"] = last
+                if slot is not None and state.get("slot") == slot.number and state.get("marker") == owner:
+                    state["marker"] = outcome_marker(owner, last.get("result"))
             hold_until = (state.get("acquired_at") or 0) + min_hold
             if hold_until > time.time():
                 state["hold_until"] = hold_until

@@ -74,7 +74,8 @@ class PgAdvisoryBackend(PgBackend):
 
     def acquire(self, key, owner, ttl, slot=None):
         def grant(conn):
-            if slot is not None and self._slot_owner(conn, key, slot):
+            # A rerun is judged under the lock, in the transaction (_claim_slot).
+            if slot is not None and not slot.rerun and self._slot_owner(conn, key, slot):
                 return self._refusal(conn, key, slot, "duplicate")
             if not conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_id(key),)).fetchone()[0]:
                 return self._refusal(conn, key, slot, "locked")
@@ -170,7 +171,7 @@ class PgAdvisoryBackend(PgBackend):
         except Exception:  # no socket left: the session, and the lock with it, is gone
             return ()
 
-    def release(self, key, owner, min_hold=0.0, last=None):
+    def release(self, key, owner, min_hold=0.0, last=None, slot=None):
         """Called once nothing of the job is left (after the guard's report):
         from here on the connection may be shut down or closed."""
         conn = self._holding()
@@ -180,7 +181,7 @@ class PgAdvisoryBackend(PgBackend):
         self._lock_conn = None
 
         def release(conn):
-            released = self._release_row(conn, key, owner, min_hold, last, notify=False)
+            released = self._release_row(conn, key, owner, min_hold, last, notify=False, slot=slot)
             conn.execute(UNLOCK, {"id": lock_id(key), "key": key})
             return released
         return self._run(release, write=True)

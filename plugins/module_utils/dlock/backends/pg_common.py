@@ -20,9 +20,10 @@ import threading
 import time
 
 from ..errors import AuthError, BackendError, MissingDriver
+from ..slots import marker_owner, outcome_marker
 from ..validate import MAX_DURATION, backend_url
 from ..watchdog import Watchdog
-from .base import Backend, Grant, Holder, endpoint, grant_not_counted, lease_ms
+from .base import Backend, Grant, Holder, endpoint, grant_not_counted, lease_ms, rerun_refusal
 
 try:
     import psycopg
@@ -178,6 +179,21 @@ WITH s AS (SELECT COALESCE(floor(extract(epoch FROM clock_timestamp()) * 1000 / 
                SELECT %(key)s, slot, %(owner)s, clock_timestamp() + %(marker_ms)s * interval '1 millisecond' FROM s
                ON CONFLICT DO NOTHING RETURNING 1)
 SELECT slot, EXISTS (SELECT 1 FROM claim) FROM s
+"""
+
+# A rerun of a slot (base.Slot.rerun): the server's slot now and the slot's
+# live marker, its row locked until the grant's transaction ends, so two
+# reruns of one slot serialise on it (the second then finds the lease taken).
+RERUN_SLOT = """
+SELECT floor(extract(epoch FROM clock_timestamp()) * 1000 / %(width_ms)s::bigint + 0.5)::bigint,
+       (SELECT owner FROM dlock_slot
+         WHERE key = %(key)s AND slot = %(slot)s AND expires_at > clock_timestamp() FOR UPDATE)
+"""
+# The marker, ours now (a rerun's grant) or recording our run's outcome (a
+# release): only while it names `expected`; its expiry is kept.
+SET_SLOT_OWNER = """
+UPDATE dlock_slot SET owner = %(marker)s
+ WHERE key = %(key)s AND slot = %(slot)s AND owner = %(expected)s AND expires_at > clock_timestamp()
 """
 
 # An expired marker is no marker (it is pruned at the next claim).
@@ -626,9 +642,12 @@ class PgBackend(Backend):
         return self._run(lambda conn: self._query(conn, key))
 
     def _refusal(self, conn, key, slot, status):
+        if status in ("future", "unknown"):  # a rerun refused
+            return Grant(status)
         holder = self._query(conn, key)
         if status == "duplicate":
-            holder.owner = self._slot_owner(conn, key, slot)
+            marker = self._slot_owner(conn, key, slot)
+            holder.owner = marker_owner(marker) if marker else None
         elif holder.owner is None:  # free, but others came first
             holder.queued = conn.execute(WAITERS, (key,)).fetchone()[0]
         return Grant(status, holder=holder)
@@ -640,6 +659,16 @@ class PgBackend(Backend):
 
     @staticmethod
     def _claim_slot(conn, key, owner, slot):
+        """True when the slot is ours; a Refused with rerun_refusal's answer
+        for a rerun that may not be granted. Inside the grant's transaction."""
+        if slot.rerun:
+            params = {"key": key, "slot": slot.number, "width_ms": lease_ms(slot.width, "once_per")}
+            current, marker = conn.execute(RERUN_SLOT, params).fetchone()
+            refusal = rerun_refusal(slot.number, current, marker)
+            if refusal is not None:
+                raise Refused(refusal)
+            params.update(marker=owner, expected=marker)
+            return conn.execute(SET_SLOT_OWNER, params).rowcount == 1
         conn.execute(PRUNE_SLOTS, (key,))
         params = {"key": key, "owner": owner, "slot": slot.number,
                   "marker_ms": lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION),
@@ -654,14 +683,23 @@ class PgBackend(Backend):
         return row[0] if row else None
 
     @staticmethod
-    def _release_row(conn, key, owner, min_hold, last, notify=True):
+    def _release_row(conn, key, owner, min_hold, last, notify=True, slot=None):
         """Owner-checked release of the row; notify: wake the first waiter if
-        it freed the lock. True when the row was ours."""
+        it freed the lock. With last and slot, in one transaction, the
+        slot's marker records the outcome (Backend.release). True when the
+        row was ours."""
         min_hold_ms = lease_ms(min_hold, "min_hold", 0.0)
         params = {"key": key, "owner": owner, "min_hold_ms": min_hold_ms,
                   "last": json.dumps(last, sort_keys=True) if last else None}
         statement = RELEASE if min_hold_ms else RELEASE_AT_ONCE_LAST if last else RELEASE_AT_ONCE
-        row = conn.execute(statement, params).fetchone()
+        if slot is not None and last:
+            params.update(slot=slot.number, expected=owner, marker=outcome_marker(owner, last.get("result")))
+            with conn.transaction():
+                row = conn.execute(statement, params).fetchone()
+                if row is not None:
+                    conn.execute(SET_SLOT_OWNER, params)
+        else:
+            row = conn.execute(statement, params).fetchone()
         if row is not None and notify and row[0]:
             conn.execute(WAKE_FIRST, params)
         return row is not None

@@ -29,7 +29,8 @@ class PgLeaseBackend(PgBackend):
                 return Grant("granted", fence=fence) if fence is not None else self._refusal(conn, key, None, "locked")
             try:
                 # One transaction: the slot claim is undone when the lease is busy.
-                # Concurrent claims of one slot serialise on its primary key.
+                # Concurrent claims of one slot serialise on its primary key
+                # (reruns, on its row lock).
                 with conn.transaction():
                     if not self._claim_slot(conn, key, owner, slot):
                         raise Refused("duplicate")
@@ -50,8 +51,8 @@ class PgLeaseBackend(PgBackend):
         # BackendError): the heartbeat retries until its deadline, then fences.
         return self._run(renew, write=True)
 
-    def release(self, key, owner, min_hold=0.0, last=None):
-        return self._run(lambda conn: self._release_row(conn, key, owner, min_hold, last), write=True)
+    def release(self, key, owner, min_hold=0.0, last=None, slot=None):
+        return self._run(lambda conn: self._release_row(conn, key, owner, min_hold, last, slot=slot), write=True)
 
     def force_release(self, key):
         def force(conn):

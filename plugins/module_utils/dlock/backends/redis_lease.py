@@ -5,7 +5,7 @@ Keys (all under the `dlock:` prefix, so an ACL `~dlock:*` suffices; the hash
 tag keeps one lock's keys in one cluster slot):
   dlock:{KEY}:lease   hash owner, fence, acquired_ms (expires with the lease)
   dlock:{KEY}:fence   counter, never expires (fences grow across restarts with AOF)
-  dlock:{KEY}:slot:N  once-per marker of slot N
+  dlock:{KEY}:slot:N  once-per marker of slot N (slots.py: the owner, or the outcome)
   dlock:{KEY}:void:OWNER  a grant of OWNER undone before it ran (expires with its ttl)
   dlock:{KEY}:last    JSON of the last finished run
   dlock:{KEY}:queue   waiters in arrival order (sorted set: owner -> place number)
@@ -23,7 +23,7 @@ import json
 import time
 
 from ..errors import AuthError, BackendError, MissingDriver
-from ..slots import SLOT_TRIES
+from ..slots import DONE, SLOT_TRIES, marker_owner, outcome_marker
 from ..validate import MAX_DURATION
 from .base import Backend, Grant, Holder, endpoint, grant_not_counted, lease_ms
 
@@ -79,14 +79,22 @@ end
 # (the slot width, ms) the slot must be the server's current one (slots.py's
 # slot_number on TIME), else the answer names it and the caller asks again.
 # A free lock goes to the first live ticket in line, or to anyone when nobody
-# waits.
+# waits. ARGV[6] '1': a rerun of slot ARGV[5] (base.rerun_refusal's rule:
+# not in the future, a live marker that does not start with ARGV[7],
+# slots.DONE), which then sets the marker to its owner, its expiry kept.
 ACQUIRE = _NOW + _QUEUE + """
 if redis.call('EXISTS', KEYS[5]) == 1 then return {'void'} end
-if KEYS[6] and ARGV[4] then
+local rerun = KEYS[6] and ARGV[6] == '1'
+if rerun then
+  if tonumber(ARGV[5]) > math.floor(now / tonumber(ARGV[4]) + 0.5) then return {'future'} end
+  local marker = redis.call('GET', KEYS[6])
+  if not marker then return {'unknown'} end
+  if string.sub(marker, 1, #ARGV[7]) == ARGV[7] then return {'duplicate', marker} end
+elseif KEYS[6] and ARGV[4] then
   local current = math.floor(now / tonumber(ARGV[4]) + 0.5)
   if current ~= tonumber(ARGV[5]) then return {'moved', string.format('%d', current)} end
 end
-if KEYS[6] and redis.call('EXISTS', KEYS[6]) == 1 then
+if KEYS[6] and not rerun and redis.call('EXISTS', KEYS[6]) == 1 then
   return {'duplicate', redis.call('GET', KEYS[6])}
 end
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'acquired_ms')
@@ -103,7 +111,9 @@ end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, 'acquired_ms', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if KEYS[6] then
+if rerun then
+  redis.call('SET', KEYS[6], ARGV[1], 'KEEPTTL')
+elseif KEYS[6] then
   redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[3])
 end
 return {'granted', fence}
@@ -171,13 +181,17 @@ return 0
 """
 
 # Release keeps the lease until acquired + min_hold (lockAtLeastFor), never
-# extends it, and records the last run.
+# extends it, and records the last run; KEYS[5], the slot marker, if it
+# still names our owner, becomes ARGV[5] (the outcome), its expiry kept.
 RELEASE = _NOW + _QUEUE + """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
   return 0
 end
 if ARGV[3] ~= '' then
   redis.call('SET', KEYS[2], ARGV[3])
+end
+if KEYS[5] and redis.call('GET', KEYS[5]) == ARGV[1] then
+  redis.call('SET', KEYS[5], ARGV[5], 'KEEPTTL')
 end
 local keep = tonumber(redis.call('HGET', KEYS[1], 'acquired_ms')) + tonumber(ARGV[2]) - now
 if keep > 0 and keep < redis.call('PTTL', KEYS[1]) then
@@ -288,7 +302,9 @@ class RedisBackend(Backend):
         if status == "granted":
             return Grant("granted", fence=int(reply[1]))
         if status == "duplicate":
-            return Grant("duplicate", holder=Holder(key, owner=reply[1]))
+            return Grant("duplicate", holder=Holder(key, owner=marker_owner(reply[1])))
+        if status in ("future", "unknown"):  # a rerun refused
+            return Grant(status)
         if status == "queued":  # free, but others came first
             return Grant("locked", holder=Holder(key, queued=int(reply[1]), server_time=int(reply[2]) / 1000.0))
         owner_, fence_, acquired_ms, pttl, now_ms = reply[1:6]
@@ -305,6 +321,8 @@ class RedisBackend(Backend):
             args[2] = lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION)
             if slot.width is not None:
                 args += [lease_ms(slot.width, "once_per"), slot.number]
+            if slot.rerun:
+                args += ["1", DONE]
         return self._script(ACQUIRE, keys, args)
 
     def _undo_grant(self, key, owner, ttl, slot):
@@ -322,12 +340,15 @@ class RedisBackend(Backend):
     def renew(self, key, owner, ttl):
         return self._script(RENEW, [_keys(key)[0]], [owner, lease_ms(ttl)]) == 1
 
-    def release(self, key, owner, min_hold=0.0, last=None):
+    def release(self, key, owner, min_hold=0.0, last=None, slot=None):
         lease, _fence, last_key = _keys(key)
         queue, tickets, channel = _queue(key)
         record = json.dumps(last, sort_keys=True) if last else ""
-        return self._script(RELEASE, [lease, last_key, queue, tickets],
-                            [owner, lease_ms(min_hold, "min_hold", 0.0), record, channel]) == 1
+        keys, args = [lease, last_key, queue, tickets], [owner, lease_ms(min_hold, "min_hold", 0.0), record, channel]
+        if slot is not None and last:
+            keys.append(_slot_marker(key, slot))
+            args.append(outcome_marker(owner, last.get("result")))
+        return self._script(RELEASE, keys, args) == 1
 
     def force_release(self, key):
         before = self.query(key)
