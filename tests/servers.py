@@ -28,6 +28,19 @@ def signal_processes(pids, sig):
             pass
 
 
+def url_of(request, kind, tmp_path):
+    """The URL of a backend of `kind` (a scheme: redis, postgresql,
+    postgresql+advisory, etcd, file) for a test: the session's server of
+    that kind (conftest.py's fixtures), or a lock directory in tmp_path."""
+    if kind == "file":
+        return "file://%s" % (tmp_path / "locks")
+    if kind == "redis":
+        return request.getfixturevalue("redis_server").url
+    if kind == "etcd":
+        return request.getfixturevalue("etcd_server").url
+    return request.getfixturevalue("pg_server").url(scheme=kind)
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -17,26 +17,17 @@ from hypothesis import strategies as st
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import marker_ttl, slot_number
 from runner_proc import wait_for
+from servers import url_of
 
 WIDTH = 30.0  # markers live 45s: long past any test below that does not wait for their expiry
 SHORT = 1.0  # for the expiry test: markers live 1.5s (etcd: 2s, reaped up to a second late)
 BACKENDS = ["redis", "postgresql", "postgresql+advisory", "etcd", "file"]
 
 
-def backend_url(request, name, tmp_path):
-    if name == "file":
-        return "file://%s" % tmp_path
-    if name == "redis":
-        return request.getfixturevalue("redis_server").url
-    if name == "etcd":
-        return request.getfixturevalue("etcd_server").url
-    return request.getfixturevalue("pg_server").url(scheme=name)
-
-
 @pytest.fixture(params=BACKENDS)
 def clients(request, tmp_path):
     """Three clients of one backend (three runners): a, b, c."""
-    url = backend_url(request, request.param, tmp_path)
+    url = url_of(request, request.param, tmp_path)
     opened = [open_backend(url) for _client in range(3)]
     yield opened
     for backend in opened:

@@ -452,6 +452,7 @@ class EtcdBackend(Backend):
         # mod_revision: the key is still the one we read (owner and lease).
         compare = [{"key": _b64(lock), "target": "MOD", "result": "EQUAL", "mod_revision": held.mod_revision}]
         marker = self._get(self._marker(key, slot)) if slot is not None and last else None
+        answer = None
         if marker is not None and marker.value == owner:
             # The slot's marker records the outcome, on its own lease (its
             # expiry kept), if it is still the one read (else: the release
@@ -461,7 +462,7 @@ class EtcdBackend(Backend):
                                            "mod_revision": marker.mod_revision}],
                                success + [{"request_put": {"key": name, "value": _b64(outcome_marker(
                                    owner, last.get("result"))), "lease": marker.lease}}], [])
-        if marker is None or marker.value != owner or not answer.get("succeeded"):
+        if answer is None or not answer.get("succeeded"):
             answer = self._txn(compare, success, [])
         self._leases.pop((key, owner), None)
         if not answer.get("succeeded"):
