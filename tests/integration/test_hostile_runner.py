@@ -230,6 +230,30 @@ CASES = [
     ("config missing", "config-kind", "missing", "cannot read"),
     ("job file fifo", "job-kind", "fifo", "is not a regular file"),
     ("job file dev zero", "job-kind", "/dev/zero", "is not a regular file"),
+    # -- dlock run --rerun SLOT --reason TEXT (a job with once_per: 1h; the other flag good) --------
+    ("rerun newline", "rerun", "2026-11-27T05:00:00Z\n", "--rerun: '2026-11-27T05:00:00Z\\n' holds a control character"),
+    ("rerun C1 control", "rerun", "2026-11-27T05:00:00Z\x85", "holds a control character"),
+    ("rerun NaN", "rerun", "NaN", "--rerun: 'NaN' is not a slot boundary"),
+    ("rerun 1e308", "rerun", "1e308", "--rerun: '1e308' is not a slot boundary"),
+    ("rerun epoch seconds", "rerun", "1795755600", "is not a slot boundary"),
+    ("rerun not a time", "rerun", "yesterday", "is not a slot boundary"),
+    ("rerun with an offset", "rerun", "2026-11-27T06:00:00+01:00", "is not a slot boundary"),
+    ("rerun fullwidth digits", "rerun", "\uff12\uff10\uff12\uff16-11-27T05:00:00Z", "is not a slot boundary"),
+    ("rerun february 30", "rerun", "2026-02-30T05:00:00Z", "is not a valid date and time"),
+    ("rerun hour 24", "rerun", "2026-11-27T24:00:00Z", "is not a valid date and time"),
+    ("rerun off the boundary", "rerun", "2026-11-27T05:30:00Z", "is not a boundary of the job's once_per (1h)"),
+    ("rerun another job's run id", "rerun", "billing@2026-11-27T05:00:00Z", "is a run id of another job"),
+    ("rerun too long", "rerun", "9" * 300, "is longer than"),
+    ("rerun empty", "rerun", "", "--rerun: must not be empty"),
+    ("rerun without once_per", "rerun-plain", "2026-11-27T05:00:00Z", "job hostile has no once_per"),
+    ("rerun without reason", "reason", None, "--rerun and --reason go together"),
+    ("reason without rerun", "rerun", None, "--rerun and --reason go together"),
+    ("reason newline", "reason", "outage\n{\"result\": \"success\"}", "--reason: 'outage\\n"),
+    ("reason escape", "reason", "out\x1b[2Jage", "holds a control character"),
+    ("reason line separator", "reason", "out\u2028age", "holds a control character"),
+    ("reason blank", "reason", "   ", "--reason: must say why"),
+    ("reason empty", "reason", "", "--reason: must not be empty"),
+    ("reason too long", "reason", "x" * 501, "is longer than 500 characters"),
 ]
 
 
@@ -291,6 +315,13 @@ class Setup(object):
         elif kind == "config-kind":
             self.config_path = _special_file(self.tmp, value, "config-special")
             self.config_special = True
+        elif kind in ("rerun", "reason", "rerun-plain"):
+            # A rerun of the job (with once_per, but for rerun-plain), the other flag good; None: not given.
+            given = {"rerun": "2026-11-27T05:00:00Z", "reason": "provider outage"}
+            given[kind.split("-")[0]] = value
+            if kind != "rerun-plain":
+                self.job["once_per"] = "1h"
+            self.flags += ["--%s=%s" % item for item in sorted(given.items()) if item[1] is not None]
         elif kind == "job-kind":
             os.rmdir(self.jobs)
             self.jobs.mkdir()

@@ -19,17 +19,22 @@ and releases it with an owner check.
 Settings come from /etc/dlock/dlock.json and /etc/dlock/jobs/NAME.json; every
 setting is also a flag, and flags alone suffice. Durations read 500ms, 90, 90s,
 5m, 1h, 1d.
+
+A once-per slot whose run failed can be run again, once, while its marker
+lives: dlock run --job NAME --rerun SLOT --reason TEXT (see dlock run --help).
 """
 
 RUN_EPILOG = """\
 exit codes:
   the job's own   the job ran (killed by signal N: 128+N)
   73              skipped: another owner holds the lock
-  74              skipped: this slot already ran elsewhere (--once-per)
+  74              skipped: this slot already ran elsewhere (--once-per);
+                  with --rerun: the slot succeeded, nothing to rerun
   75              backend unavailable or erroring (fail closed)
   76              lock lost while running; the job was terminated
   77              clock unsafe (skew over --max-clock-skew)
-  78              configuration error
+  78              configuration error; with --rerun: the slot has no marker
+                  (never ran, or its marker expired) or has not begun
 
 the job's environment gets DLOCK_JOB, DLOCK_KEY, DLOCK_OWNER,
 DLOCK_FENCING_TOKEN and DLOCK_RUN_ID (stable per slot: an idempotency key).
@@ -38,6 +43,14 @@ examples:
   dlock run --job nightly-report
   dlock run --job backup --backend redis://dlock@10.0.0.5:6379/0 \\
       --password-file /etc/dlock/backend.password --ttl 2m --once-per 1h -- /usr/local/bin/backup --full
+  dlock run --job billing --rerun 2026-11-27T05:00:00Z --reason "provider outage, ticket 4711"
+
+re-running a failed slot (--rerun, with --once-per): a slot whose run failed,
+was lost or whose runner died can be run again while its marker lives
+(1.5 x once_per from the slot's claim); the backend grants it only while the
+lock is free, and never for a slot that succeeded (exit 74: a success is
+final). SLOT is the slot's boundary as DLOCK_RUN_ID shows it, or the whole
+run id; the rerun's DLOCK_RUN_ID is the slot's, as the first run's.
 """
 
 
@@ -86,6 +99,11 @@ RUN_LOCK_FLAGS = ("lock options (override the job file)", (
                      "help": "run WITHOUT a lock when the backend or clock fails (loud; default: fail closed)"}),
 ))
 RUN_METRICS_DIR = ("--metrics-dir", {"metavar": "DIR", "help": "node_exporter textfile directory"})
+RUN_RERUN_FLAGS = ("re-running a failed slot", (
+    ("--rerun", {"metavar": "SLOT", "help": "run the slot SLOT again (2026-11-27T05:00:00Z, or the run id "
+                                            "JOB@2026-11-27T05:00:00Z) if its run did not succeed"}),
+    ("--reason", {"metavar": "TEXT", "help": "why (required with --rerun; logged)"}),
+))
 
 
 def _group(parser, flags):
@@ -109,6 +127,7 @@ def _add_run(sub, raw):
     _backend_flags(run_p)
     _group(run_p, RUN_LOCK_FLAGS)
     run_p.add_argument(RUN_METRICS_DIR[0], **RUN_METRICS_DIR[1])
+    _group(run_p, RUN_RERUN_FLAGS)
 
 
 def _fast_run(argv):
@@ -120,7 +139,8 @@ def _fast_run(argv):
     there are), and --fail-open; --job given. Anything else (-h, an
     abbreviation, a missing or odd value, an unknown flag) returns None, and
     argparse reads the command line: its help, its errors, its exit codes."""
-    known = dict([RUN_JOB, RUN_METRICS_DIR] + list(BACKEND_FLAGS[1]) + list(RUN_LOCK_FLAGS[1]))
+    known = dict([RUN_JOB, RUN_METRICS_DIR] + list(BACKEND_FLAGS[1]) + list(RUN_LOCK_FLAGS[1])
+                 + list(RUN_RERUN_FLAGS[1]))
     values = {"command": "run"}
     tokens = iter(argv)
     for token in tokens:
@@ -196,7 +216,9 @@ def _run(values, command):
     try:
         from .config import load_settings
         from .runner import run
-        return run(load_settings(_flags(values), job=values["job"], command=command, need_command=True), job=job)
+        settings = load_settings(_flags(values), job=values["job"], command=command, need_command=True,
+                                 rerun=values.get("rerun"), reason=values.get("reason"))
+        return run(settings, job=job)
     finally:
         job.dismiss()  # when no job was started: skipped, refused, an error
 

@@ -147,9 +147,7 @@ def _write_backend(info, stream):
 def release(args, flags):
     if not args.job and not args.key:
         raise ConfigError("release: name the lock with --job or --key")
-    validate.text(args.reason, "--reason", 500)
-    if not args.reason.strip():
-        raise ConfigError("release: --reason must say why")
+    validate.reason(args.reason)
     settings = load_settings(flags, job=args.job)
     backend = _open(settings)
     try:

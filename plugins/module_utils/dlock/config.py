@@ -84,6 +84,8 @@ class Settings(object):
         self.config_path = None
         self.job_path = None
         self.cgroup = True  # a cgroup of its own for the job where one can be made (DLOCK_CGROUP)
+        self.rerun = None  # `dlock run --rerun`: the number of the slot to run again
+        self.reason = None  # and why (--reason)
 
 
 # DLOCK_CGROUP: "auto" (the default) gives each job a cgroup v2 of its own
@@ -91,9 +93,10 @@ class Settings(object):
 CGROUP_MODES = ("auto", "off")
 
 
-def load_settings(flags, job=None, command=None, need_command=False, job_must_exist=False):
+def load_settings(flags, job=None, command=None, need_command=False, job_must_exist=False, rerun=None, reason=None):
     """Settings from files and flags. `flags` maps option names to raw values
-    (None when not given); `command` is the argv given after --, if any.
+    (None when not given); `command` is the argv given after --, if any;
+    `rerun` and `reason`, `dlock run`'s --rerun and --reason.
     Everything is checked here, before any backend is contacted."""
     settings = Settings()
     # Checked with the rest, before any backend is contacted: a typo here
@@ -162,6 +165,11 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     check_backend_ttl(settings.options.ttl, parts.scheme, "%s: ttl" % job_where)
     if "description" in job_cfg:
         validate.text(job_cfg["description"], "%s: description" % job_where, allow_empty=True)
+    if rerun is not None or reason is not None:
+        if rerun is None or reason is None:
+            raise ConfigError("--rerun and --reason go together: name the slot to run again, and say why")
+        settings.rerun = validate.rerun_slot(rerun, "--rerun", job, settings.options.once_per)
+        settings.reason = validate.reason(reason)
     settings.command = command or job_cfg.get("command")
     if need_command:
         if not settings.command:

@@ -15,10 +15,10 @@ from . import clock, report
 from .backends import Slot, open_backend
 from .child import Child, drain, exit_status
 from .deadline import LeaseDeadline, now
-from .errors import BackendError, ClockUnsafe, DlockError
+from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError
 from .heartbeat import Heartbeat
-from .slots import marker_ttl, run_id, slot_number
-from .validate import shown
+from .slots import boundary, marker_ttl, run_id, slot_number
+from .validate import format_duration, shown
 from .waiting import acquire as acquire_waiting
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -55,6 +55,9 @@ class Runner(object):
         self.stderr = stderr
         self.record = {"job": settings.job, "key": settings.key, "owner": self.owner,
                        "host": hostname(), "attempt": 0, "wait_ms": 0}
+        if settings.rerun is not None:
+            # In the log line and the last run's record (_release).
+            self.record.update(rerun=True, rerun_reason=settings.reason)
         self.gauges = {}
 
     def _exit(self, name):
@@ -87,7 +90,10 @@ class Runner(object):
         self.gauges["dlock_clock_offset_seconds"] = round(offset, 6)
         clock.check_offset(offset, rtt, self.o.max_clock_skew)
         slot = None
-        if self.o.once_per:
+        if self.s.rerun is not None:
+            # The slot named: the backend grants it only if it may be rerun (base.rerun_refusal).
+            slot = Slot(self.s.rerun, marker_ttl(self.o.once_per), self.o.once_per, rerun=True)
+        elif self.o.once_per:
             # An estimate: the backend decides the slot on its clock at grant time.
             number = slot_number(time.time() + offset, self.o.once_per)
             slot = Slot(number, marker_ttl(self.o.once_per), self.o.once_per)
@@ -102,6 +108,8 @@ class Runner(object):
         self.gauges["dlock_lock_wait_seconds"] = round(time.monotonic() - asked, 3)
         if not grant.granted:
             self.record["holder"] = grant.holder.owner if grant.holder else None
+            if slot is not None and slot.rerun and grant.status != "locked":
+                return self._rerun_refused(grant.status, slot)
             if grant.status == "duplicate":
                 return self._exit("duplicate"), "skipped_duplicate"
             return self._exit("locked"), "skipped_locked"
@@ -117,16 +125,37 @@ class Runner(object):
         except BaseException as exc:
             # Whatever failed after the grant, the lease is not left held.
             self.record["error"] = "after the grant: %s" % (exc or exc.__class__.__name__)
-            self._release(backend, "failed", None)
+            self._release(backend, "failed", None, slot)
             raise
-        self._release(backend, result, code)
+        self._release(backend, result, code, slot)
         return code, result
 
-    def _release(self, backend, result, code):
+    def _rerun_refused(self, status, slot):
+        """(exit code, result) of a rerun the backend refused, with a message
+        that says why: the slot succeeded (a success is final), has no
+        marker, or has not begun."""
+        named = "slot %s of %s" % (boundary(slot.number, self.o.once_per), self.s.job)
+        if status == "duplicate":
+            self.record["refused"] = "%s succeeded; nothing to rerun" % named
+            return self._exit("duplicate"), "skipped_duplicate"
+        if status == "future":
+            self.record["refused"] = "%s has not begun on the backend's clock; nothing to rerun" % named
+        else:
+            self.record["refused"] = (
+                "%s has no marker on the backend: it never ran, or its marker expired (markers live %s from "
+                "the slot's claim, 1.5 x once_per); running a slot that never ran is not a rerun"
+                % (named, format_duration(marker_ttl(self.o.once_per))))
+        # 78 whatever the job's exit_codes say, as any error in what the
+        # operator asked for (a configuration error ends a run before they apply).
+        return EXIT_CONFIG, "rerun_refused"
+
+    def _release(self, backend, result, code, slot=None):
         last = {"result": result, "exit_code": code, "owner": self.owner, "host": self.record["host"],
                 "fence": self.record.get("fence"), "run_id": self.record.get("run_id"), "finished_at": time.time()}
+        if self.s.rerun is not None:
+            last.update(rerun=True, rerun_reason=self.s.reason)
         try:
-            if not backend.release(self.s.key, self.owner, self.o.min_hold, last) and result != "lock_lost":
+            if not backend.release(self.s.key, self.owner, self.o.min_hold, last, slot) and result != "lock_lost":
                 self.record["release"] = "not ours any more (expired or broken)"
         except DlockError as exc:
             # The lease then expires by itself within its TTL.

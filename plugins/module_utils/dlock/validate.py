@@ -210,6 +210,47 @@ def duration(value, field, minimum=0.0, maximum=MAX_DURATION, positive=False):
     return seconds
 
 
+# A slot's boundary as run ids show it (slots.run_id): UTC, whole seconds.
+_BOUNDARY = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})Z")
+
+
+def reason(value, field="--reason"):
+    """Why an operator did something by hand (logged): text that says something."""
+    text(value, field, 500)
+    if not value.strip():
+        raise ConfigError("%s: must say why" % field)
+    return value
+
+
+def rerun_slot(value, field, job, width):
+    """The number of the slot `dlock run --rerun` names: its boundary as the
+    run id writes it (2026-11-27T05:00:00Z), or the whole run id
+    (JOB@2026-11-27T05:00:00Z, of this job), on a boundary of once_per
+    (`width`, seconds; None: the job has none, and no slots to rerun)."""
+    text(value, field, 64 + 1 + 20)
+    if width is None:
+        _fail(field, value, "names a slot, but job %s has no once_per: it has no slots to rerun" % job)
+    name, at, stamp = value.rpartition("@")
+    if at and name != job:
+        _fail(field, value, "is a run id of another job (this is %s)" % job)
+    match = _BOUNDARY.fullmatch(stamp)
+    if not match:
+        _fail(field, value, "is not a slot boundary such as 2026-11-27T05:00:00Z, or a run id %s@..." % job)
+    # Imported here, as ipaddress: only a rerun reads a date.
+    import datetime
+    parts = [int(part) for part in match.groups()]
+    try:
+        moment = datetime.datetime(*parts, tzinfo=datetime.timezone.utc)  # no February 30, no 25:00
+    except ValueError:
+        _fail(field, value, "is not a valid date and time")
+    seconds = moment.timestamp()
+    number = int(round(seconds / width))
+    if abs(number * width - seconds) > 1e-6:
+        _fail(field, value, "is not a boundary of the job's once_per (%s): a slot's boundary is a multiple of "
+                            "it since 1970-01-01T00:00:00Z" % format_duration(width))
+    return number
+
+
 def format_duration(seconds):
     """Short human form used in messages: 250ms, 20s, 1.5s, 5m, 2h."""
     if seconds < 1:

@@ -49,7 +49,7 @@ class FakeBackend(Backend):
         lease["expires"] = self.now + ttl
         return True
 
-    def release(self, key, owner, min_hold=0.0, last=None):
+    def release(self, key, owner, min_hold=0.0, last=None, slot=None):
         self.calls.append(("release", key, owner))
         lease = self._live(key)
         if lease is None or lease["owner"] != owner:

@@ -14,7 +14,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock import cli
 FLAGS = ["--job", "--backend", "--key", "--ttl", "--on-contention", "--fail-open", "--metrics-dir", "--jobs-dir",
          "--config", "--password-file", "--ca-file", "--once-per", "--op-timeout", "--jo", "--back", "--bogus", "-h",
          "--help", "-x", "--fail-open=1", "--job=", "--ttl=-5", "--job=a=b", "--on-contention=wait",
-         "--on-contention=maybe"]
+         "--on-contention=maybe", "--rerun", "--reason", "--rerun=2026-11-27T05:00:00Z", "--reason=a b"]
 VALUES = ["x", "nightly", "wait", "skip", "maybe", "-5", "-x", "", "30s", "a b", "file:///run/dlock", "--ttl", "-"]
 
 
@@ -48,12 +48,14 @@ def test_the_fast_path_reads_what_argparse_reads():
         slow = _argparse(argv)
         assert slow is not None, argv
         assert cli._flags(fast) == cli._flags(slow) and fast["job"] == slow["job"], argv
+        assert (fast.get("rerun"), fast.get("reason")) == (slow["rerun"], slow["reason"]), argv
     assert read > 200  # the common forms do take the fast path
 
 
 @pytest.mark.parametrize("argv", [
     ["--job", "x", "--backend", "file:///run/dlock"],
     ["--job=x", "--ttl", "30s", "--fail-open", "--on-contention", "wait"],
+    ["--job", "x", "--rerun", "x@2026-11-27T05:00:00Z", "--reason", "provider outage"],
 ])
 def test_the_plain_forms_take_the_fast_path(argv):
     assert cli._fast_run(argv) is not None
