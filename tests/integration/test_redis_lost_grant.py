@@ -70,3 +70,31 @@ def test_a_grant_whose_answer_timed_out_is_undone_and_the_next_runner_is_granted
                        "--once-per", "1h", "--", "true", timeout=30)
     log = last_log(result.stderr)
     assert (result.returncode, log["result"], log["attempt"]) == (0, "success", 1), result.stderr
+
+
+def test_an_undone_rerun_leaves_the_slot_rerunnable(debug_redis, unique_key):
+    """A rerun whose answer was lost is undone too, but its slot's marker
+    stays (naming the undone owner, which counts as not done): deleting it,
+    as an undone first claim does, would leave a slot that failed with no
+    marker, which no rerun could run again."""
+    client = debug_redis.client()
+    backend = open_backend(debug_redis.url, None, OP_TIMEOUT)
+    width = 3600.0
+    try:
+        slot = Slot(slot_number(backend.server_time(), width), marker_ttl(width), width)
+        assert backend.acquire(unique_key, "first-owner", 20.0, slot).granted
+        assert backend.release(unique_key, "first-owner", last={"result": "failed"}, slot=slot)
+        rerun = Slot(slot.number, marker_ttl(width), width, rerun=True)
+        _sleep_ahead(backend, SLEEP)
+        with pytest.raises(BackendError, match="the grant is not counted"):
+            backend.acquire(unique_key, "lost-owner", 20.0, rerun)
+    finally:
+        backend.close()
+    assert client.ping()
+    assert not client.exists("dlock:{%s}:lease" % unique_key)
+    assert client.get("dlock:{%s}:slot:%d" % (unique_key, slot.number)) == "lost-owner"
+    again = open_backend(debug_redis.url)
+    try:
+        assert again.acquire(unique_key, "next-owner", 20.0, rerun).granted
+    finally:
+        again.close()

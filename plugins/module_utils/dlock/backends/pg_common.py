@@ -616,7 +616,7 @@ class PgBackend(Backend):
             with conn.transaction():
                 conn.execute("SET LOCAL synchronous_commit = local")
                 released = self._release_row(conn, key, owner, 0.0, None)
-                if slot is not None:
+                if slot is not None and not slot.rerun:  # a rerun's marker stays, rerunnable (redis_lease)
                     released = conn.execute(UNDO_SLOT, (key, slot.number, owner)).rowcount > 0 or released
             return released
         return self._run(undo)

@@ -329,7 +329,10 @@ class RedisBackend(Backend):
         """UNDO_GRANT, tried UNDO_TRIES times while it gets no answer; True
         when it freed something of ours."""
         queue, tickets, channel = _queue(key)
-        keys = [_keys(key)[0], _void(key, owner), queue, tickets] + ([_slot_marker(key, slot)] if slot else [])
+        # A rerun's marker stays: it names us, which counts as not done, so
+        # the slot can be rerun again (deleted, it could not).
+        marker = [_slot_marker(key, slot)] if slot is not None and not slot.rerun else []
+        keys = [_keys(key)[0], _void(key, owner), queue, tickets] + marker
         for attempt in range(UNDO_TRIES):
             try:
                 return self._script(UNDO_GRANT, keys, [owner, lease_ms(ttl), channel]) == 1
