@@ -198,3 +198,19 @@ def test_reruns_never_overlap_and_a_success_is_final(clients, first, steps):
             continue
         finish(b, key, owner, number, outcome)
         done = outcome == "success"
+
+
+def test_a_failed_slot_can_be_rerun_after_the_next_slot_ran(clients, unique_key):
+    """Each slot keeps its own marker while it lives: the next slot's run
+    does not take the failed one's away."""
+    a, b, _c = clients
+    now = slot_number(a.server_time(), WIDTH)
+    earlier = Slot(now - 1, marker_ttl(WIDTH))  # claimed as given: the slot before the current one
+    assert a.acquire(unique_key, "owner-a", 10, earlier).granted
+    finish(a, unique_key, "owner-a", earlier.number, "failed")
+    number, _fence = claim(a, unique_key, "owner-b")
+    finish(a, unique_key, "owner-b", number, "success")
+    assert rerun(b, unique_key, "owner-c", earlier.number).granted
+    finish(b, unique_key, "owner-c", earlier.number, "success")
+    assert rerun(b, unique_key, "owner-d", earlier.number).status == "duplicate"
+    assert rerun(b, unique_key, "owner-d", number).status == "duplicate"

@@ -8,8 +8,9 @@ Waiters keep no line here: they try the flock every POLL seconds (a local
 system call), so among waiters the lock goes to whoever tries first after the
 release, as it would among processes blocked in flock(2), not by arrival.
 Beside the lock file, KEY.json (replaced atomically, under the lock) keeps the
-fence, holder, min-hold deadline, last slot and last run, and the last
-slot's marker (slots.py: the owner, or the outcome) with its expiry.
+fence, holder, min-hold deadline, last slot and last run, and the markers of
+the slots claimed whose expiry has not passed (slots.py: the owner, or the
+outcome): {"N": [marker, expiry]}.
 
 The directory may be shared by the jobs of several users, so what lies in it
 is not trusted: a symbolic link or a FIFO at a lock or state file's name is
@@ -43,6 +44,13 @@ def _int_or_none(value):
     return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
+def _markers_or_none(value):
+    return value is None or (isinstance(value, dict) and all(
+        isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+        and isinstance(entry[1], (int, float)) and not isinstance(entry[1], bool) and math.isfinite(entry[1])
+        for entry in value.values()))
+
+
 def _state(text):
     """The state KEY.json holds, or {} when it is not what dlock writes there
     (not JSON, torn, edited by hand into other types): as before any grant.
@@ -57,9 +65,16 @@ def _state(text):
     sane = (isinstance(fence, int) and not isinstance(fence, bool) and 0 <= fence < MAX_FENCE
             and _number_or_none(state.get("acquired_at")) and _number_or_none(state.get("hold_until"))
             and _int_or_none(state.get("slot")) and isinstance(state.get("owner"), (str, type(None)))
-            and isinstance(state.get("marker"), (str, type(None))) and _number_or_none(state.get("marker_until"))
+            and _markers_or_none(state.get("markers"))
             and isinstance(state.get("last"), (dict, type(None))))
     return state if sane else {}
+
+
+def _marker(state, slot):
+    """The live marker of slot in state, [value, expiry] (a list of state:
+    changed in place), or None."""
+    entry = (state.get("markers") or {}).get(str(slot.number))
+    return entry if entry is not None and entry[1] > time.time() else None
 
 
 class FileBackend(Backend):
@@ -167,7 +182,7 @@ class FileBackend(Backend):
         if slot is not None and slot.rerun:
             refusal = self._rerun_refusal(state, slot)
             if refusal == "duplicate":
-                return Grant(refusal, holder=Holder(key, owner=marker_owner(state["marker"])))
+                return Grant(refusal, holder=Holder(key, owner=marker_owner(_marker(state, slot)[0])))
             if refusal is not None:
                 return Grant(refusal, holder=self._holder(key, state, held=False) if refusal == "locked" else None)
         elif (state.get("hold_until") or 0) > time.time() or (slot is not None and state.get("slot") == slot.number):
@@ -175,20 +190,22 @@ class FileBackend(Backend):
             return Grant(status, holder=self._holder(key, state, held=False))
         state.update(owner=owner, fence=state.get("fence", 0) + 1, acquired_at=time.time(), hold_until=None)
         if slot is not None and slot.rerun:
-            state["marker"] = owner  # its expiry kept
+            _marker(state, slot)[0] = owner  # its expiry kept
         elif slot is not None:
-            state.update(slot=slot.number, marker=owner, marker_until=time.time() + slot.marker_ttl)
+            now = time.time()
+            live = dict((number, entry) for number, entry in (state.get("markers") or {}).items() if entry[1] > now)
+            live[str(slot.number)] = [owner, now + slot.marker_ttl]
+            state.update(slot=slot.number, markers=live)
         self._write_state(key, state, durable=True)
         return Grant("granted", fence=state["fence"])
 
     @staticmethod
     def _rerun_refusal(state, slot):
         """base.rerun_refusal on this host's clock, under the lock; a held
-        min_hold is 'locked' as for any grant. Only the last slot claimed
-        keeps a marker here (an earlier one is 'unknown')."""
+        min_hold is 'locked' as for any grant."""
         now = time.time()
-        live = state.get("slot") == slot.number and (state.get("marker_until") or 0) > now
-        refusal = rerun_refusal(slot.number, slot_number(now, slot.width), state.get("marker") if live else None)
+        marker = _marker(state, slot)
+        refusal = rerun_refusal(slot.number, slot_number(now, slot.width), marker[0] if marker else None)
         if refusal is None and (state.get("hold_until") or 0) > now:
             return "locked"
         return refusal
@@ -211,8 +228,9 @@ class FileBackend(Backend):
             state = self._read_state(key)
             if last:
                 state["last"] = last
-                if slot is not None and state.get("slot") == slot.number and state.get("marker") == owner:
-                    state["marker"] = outcome_marker(owner, last.get("result"))
+                marker = _marker(state, slot) if slot is not None else None
+                if marker is not None and marker[0] == owner:
+                    marker[0] = outcome_marker(owner, last.get("result"))
             hold_until = (state.get("acquired_at") or 0) + min_hold
             if hold_until > time.time():
                 state["hold_until"] = hold_until
