@@ -44,6 +44,8 @@ STATEMENTS = {
     "slot owner": (pg_common.SLOT_OWNER, (KEY, 5)),
     "prune slots": (pg_common.PRUNE_SLOTS, (KEY,)),
     "undo a slot": (pg_common.UNDO_SLOT, (KEY, 5, OWNER)),
+    "a rerun's slot": (pg_common.RERUN_SLOT, dict(SLOT, width_ms=60000)),
+    "set a slot's marker": (pg_common.SET_SLOT_OWNER, dict(SLOT, marker="done " + OWNER, expected=OWNER)),
     "lock the row": (pg_lease.LOCK_ROW, (KEY,)),
     "force release": (pg_common.FORCE_RELEASE, {"key": KEY}),
 }
