@@ -62,6 +62,8 @@ class Slot(object):
     expiry unchanged."""
 
     def __init__(self, number, marker_ttl, width=None, rerun=False):
+        if rerun and width is None:
+            raise ValueError("a rerun's slot needs its width: whether it has begun is judged on it")
         self.number = number
         self.marker_ttl = marker_ttl
         self.width = width

@@ -6,7 +6,7 @@ import calendar
 import pytest
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.base import rerun_refusal
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.base import Slot, rerun_refusal
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import (
     DONE, FAILED, marker_owner, marker_succeeded, outcome_marker, run_id)
@@ -117,3 +117,9 @@ def test_a_marker_names_its_owner_whatever_outcome_it_records(owner):
 ])
 def test_the_rerun_rule(number, current, marker, refusal):
     assert rerun_refusal(number, current, marker) == refusal
+
+
+def test_a_rerun_slot_needs_its_width():
+    with pytest.raises(ValueError, match="needs its width"):
+        Slot(10, 90.0, rerun=True)
+    assert Slot(10, 90.0, 60.0, rerun=True).rerun
