@@ -35,8 +35,8 @@ trap 'rm -f "$DLOCK_SUITE_COUNT"' EXIT
 # suite before it starts (below).
 LANES=(checks engine fleet etcd patroni)
 declare -A LANE_SESSIONS=(
-  [checks]="matrix sanity units lint lab-bare"
-  [engine]="integration release"
+  [checks]="matrix sanity units lint lab-bare release"
+  [engine]="integration"
   [fleet]="lab-single"
   [etcd]="lab-etcd"
   [patroni]="lab-patroni"

@@ -213,11 +213,23 @@ def idempotent_and_verified(lab, name, capsys, extra_vars=None):
     """After the scenario's converge (with EXTRA_VARS): its idempotence run
     changes nothing (the verify set's secrets checks read it), then its whole
     verify set passes against this lab."""
+    changes_nothing_again(lab, name, extra_vars)
+    passes_its_verify_set(lab, name, capsys)
+
+
+def changes_nothing_again(lab, name, extra_vars=None):
+    """The scenario's idempotence run (its output kept for the verify set's
+    secrets checks) ends well and changes nothing."""
     again = idempotence(lab, name, extra_vars)
     tail = again.stdout[-4000:]
     for value in passwords(lab):
         tail = tail.replace(value, "********")
     assert again.returncode == 0, tail
+
+
+def passes_its_verify_set(lab, name, capsys):
+    """The scenario's whole verify set passes against this lab (after its
+    idempotence run, whose output its secrets checks read)."""
     verified = verify(lab, name)
     closing = verified.stdout.strip().splitlines()[-1:]
     with capsys.disabled():  # the verify set's count, in the session's output (scripts/budget.py reads it)
