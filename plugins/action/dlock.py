@@ -64,7 +64,8 @@ def merge_backend(args, backend, where=BACKEND_VAR):
     if isinstance(backend, str):
         backend = {"url": backend}
     if not isinstance(backend, Mapping):
-        raise ConfigError("%s: must be a mapping (url, password, password_file, ca_file, op_timeout) or a URL"
+        raise ConfigError("%s: must be a mapping (url, password, password_file, ca_file, op_timeout, fence_epoch) "
+                          "or a URL"
                           % where)
     # Shown as the validation core shows any value: a key that is no string,
     # or holds a line break, is named, never sorted against str or echoed raw.
@@ -89,7 +90,7 @@ def merge_backend(args, backend, where=BACKEND_VAR):
 # default; and the fields it may hold (never a password).
 RECORD_DIR = "credentials"
 RECORD_NAME = "dlock-backend.json"
-RECORD_FIELDS = ("url", "password_file", "ca_file")
+RECORD_FIELDS = ("url", "password_file", "ca_file", "fence_epoch")
 RECORD_MAX_BYTES = 64 * 1024
 
 
@@ -111,7 +112,7 @@ def record_path(task_vars):
 
 def backend_record(path):
     """The backend options in site.yml's record at PATH (url, and
-    password_file and ca_file when it has them), checked by the validation
+    password_file, ca_file and fence_epoch when it has them), checked by the validation
     core; None when there is no file. A bad record is a ConfigError naming
     the file, never a traceback."""
     what = "site.yml's backend record"
@@ -125,7 +126,7 @@ def backend_record(path):
     except ValueError as exc:
         raise ConfigError("%s: not valid JSON (%s)" % (where, exc))
     if not isinstance(data, dict):
-        raise ConfigError("%s: must hold a JSON object (url, password_file, ca_file)" % where)
+        raise ConfigError("%s: must hold a JSON object (url, password_file, ca_file, fence_epoch)" % where)
     unknown = sorted(set(data) - set(RECORD_FIELDS))
     if unknown:
         raise ConfigError("%s: unknown field %s (allowed: %s)"
@@ -136,6 +137,10 @@ def backend_record(path):
     for field in ("password_file", "ca_file"):
         if data.get(field) is not None:
             record[field] = validate.path(data[field], "%s: %s" % (where, field))
+    # The fleet's epoch (dlock_fence_epoch), so that the controller's fences
+    # are the nodes' fences.
+    if data.get("fence_epoch") is not None:
+        record["fence_epoch"] = validate.fence_epoch(data["fence_epoch"], "%s: fence_epoch" % where)
     return record
 
 

@@ -43,15 +43,25 @@ options:
       - Defaults to C(op_timeout) of the inventory variable C(dlock_backend), else V(2).
     type: raw
     default: 2
+  fence_epoch:
+    description:
+      - Fence epoch of the backend, as the nodes' C(fence_epoch) in C(dlock.json) (C(dlock_fence_epoch) of
+        C(playbooks/site.yml)). Every fence is O(fence_epoch) * 2**32 plus the backend's counter, so that a
+        fleet switched to a new backend with the epoch one higher hands out fences above all of the old one's.
+      - A whole number from V(0) to V(2097151), 2**21 - 1, so that every fence stays below 2**53.
+      - Defaults to C(fence_epoch) of the inventory variable C(dlock_backend) (or of the record of
+        C(playbooks/site.yml) when the backend comes from it), else V(0).
+    type: raw
+    default: 0
 notes:
   - The backend options can be set once for a group of hosts in the inventory variable C(dlock_backend),
-    a mapping with the keys C(url), C(password), C(password_file), C(ca_file) and C(op_timeout)
+    a mapping with the keys C(url), C(password), C(password_file), C(ca_file), C(op_timeout) and C(fence_epoch)
     (or a plain URL string). Options given on the task override it field by field; a password or
     password file on the task replaces both of them.
   - When neither the task nor C(dlock_backend) gives a URL, a task run on the controller uses the record of
     the backend that C(playbooks/site.yml) provisioned (C(dlock_backend_type)), which it writes in
     C(credentials/dlock-backend.json) beside the inventory of the first host of the group C(dlock_backend).
-    Its C(url), C(password_file) and C(ca_file) are filled in as C(dlock_backend)'s are. A password given to
+    Its C(url), C(password_file), C(ca_file) and C(fence_epoch) are filled in as C(dlock_backend)'s are. A password given to
     C(site.yml) as a variable is written nowhere; give it as C(password) of C(dlock_backend) then.
   - The backend's driver (see the requirements) is needed on the host that runs the lock operation, the
     controller unless O(run_on=target), and only the one of the backend in use.

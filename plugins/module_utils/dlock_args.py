@@ -14,6 +14,7 @@ BACKEND_FIELDS = {
     "password_file": "backend_password_file",
     "ca_file": "ca_file",
     "op_timeout": "op_timeout",
+    "fence_epoch": "fence_epoch",
 }
 
 
@@ -34,6 +35,8 @@ def argument_spec():
         backend_password_file=dict(type="path", no_log=False),
         ca_file=dict(type="path"),
         op_timeout=dict(type="raw", default=2),
+        # Checked by the engine's validation core (a bool or 1.5 is refused, not coerced).
+        fence_epoch=dict(type="raw", default=0),
     )
 
 

@@ -69,6 +69,7 @@ class Request(object):
         self.ttl = check_backend_ttl(validate.duration(params["ttl"], "ttl", MIN_TTL), scheme)
         self.wait = validate.duration(params["wait"], "wait")
         self.op_timeout = validate.duration(params["op_timeout"], "op_timeout", positive=True)
+        self.fence_epoch = validate.fence_epoch(params.get("fence_epoch", 0), "fence_epoch")
         self.force = params["force"]
         self.reason = params.get("reason")
         if self.reason is not None:
@@ -105,7 +106,8 @@ def run(params, check_mode=False, diff=False):
     url = validate.redact_url(params.get("backend_url"))
     try:
         request = Request(params)
-        backend = open_backend(request.url, request.password, request.op_timeout, request.ca_file)
+        backend = open_backend(request.url, request.password, request.op_timeout, request.ca_file,
+                               request.fence_epoch)
         try:
             return OPERATIONS[request.state](backend, request, check_mode, diff)
         finally:

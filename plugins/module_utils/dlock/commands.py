@@ -49,7 +49,8 @@ def _ttl_cell(row):
 
 
 def _open(settings):
-    return open_backend(settings.backend_url, settings.password, settings.options.op_timeout, settings.ca_file)
+    return open_backend(settings.backend_url, settings.password, settings.options.op_timeout, settings.ca_file,
+                        settings.fence_epoch)
 
 
 def _status_rows(settings, jobs):

@@ -16,7 +16,7 @@ DEFAULT_CONFIG = "/etc/dlock/dlock.json"
 DEFAULT_JOBS_DIR = "/etc/dlock/jobs"
 CREDENTIAL_NAME = "dlock-backend"  # systemd LoadCredential= name of the password
 
-GLOBAL_KEYS = ("backend", "password_file", "ca_file", "jobs_dir", "metrics_dir", "defaults")
+GLOBAL_KEYS = ("backend", "password_file", "ca_file", "fence_epoch", "jobs_dir", "metrics_dir", "defaults")
 GLOBAL_PATHS = ("password_file", "ca_file", "jobs_dir", "metrics_dir")
 JOB_KEYS = ("command", "key", "environment", "working_directory", "description") + OPTION_NAMES
 
@@ -78,6 +78,7 @@ class Settings(object):
         self.backend_url = None
         self.password = None
         self.ca_file = None
+        self.fence_epoch = 0
         self.jobs_dir = DEFAULT_JOBS_DIR
         self.metrics_dir = None
         self.options = None
@@ -148,6 +149,10 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     if settings.ca_file:
         require_regular(settings.ca_file, "CA file")
     settings.metrics_dir = flags.get("metrics_dir") or global_cfg.get("metrics_dir")
+    # The backend's fences are offset by it (backends/epoch.py); one epoch
+    # for the whole node, as the backend is (no flag: a run given another
+    # epoch than the fleet's would hand out fences out of order).
+    settings.fence_epoch = validate.fence_epoch(global_cfg.get("fence_epoch", 0), "%s: fence_epoch" % where)
 
     if job is None:
         settings.options = LockOptions.from_mapping(_options_of(defaults, {}, flags), where, parts.scheme)

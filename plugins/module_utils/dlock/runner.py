@@ -68,7 +68,8 @@ class Runner(object):
         backend = None
         try:
             try:
-                backend = open_backend(self.s.backend_url, self.s.password, self.o.op_timeout, self.s.ca_file)
+                backend = open_backend(self.s.backend_url, self.s.password, self.o.op_timeout, self.s.ca_file,
+                                       self.s.fence_epoch)
                 code, result = self._locked_run(backend)
             except (BackendError, ClockUnsafe) as exc:
                 self.record["error"] = str(exc)

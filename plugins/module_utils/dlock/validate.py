@@ -169,6 +169,21 @@ def port(value, field):
     return integer(value, field, 1, 65535)
 
 
+# Fence epochs: every fence a consumer sees is epoch * 2**32 + the backend's
+# counter (backends/epoch.py), so a switch to a new backend with the epoch one
+# higher gives fences above all of the old backend's. The bound keeps every
+# such fence below 2**53, the integers a JSON consumer (JavaScript, a double)
+# holds exactly: (2**21 - 1) * 2**32 + (2**32 - 1) = 2**53 - 1.
+FENCE_COUNTER_BITS = 32
+MAX_FENCE_EPOCH = 2 ** 21 - 1
+
+
+def fence_epoch(value, field="fence_epoch"):
+    """A fence epoch: a whole number from 0 to MAX_FENCE_EPOCH (a string of
+    digits is read as one, as for every integer)."""
+    return integer(value, field, 0, MAX_FENCE_EPOCH)
+
+
 def number(value, field, minimum, maximum):
     """A finite real number in [minimum, maximum]."""
     if isinstance(value, str) and re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,9})?", value):

@@ -52,6 +52,15 @@ CASES = [
     ("op_timeout zero", {"op_timeout": 0}, "op_timeout: 0 must be greater than 0"),
     ("op_timeout NaN", {"op_timeout": float("nan")}, "op_timeout: nan is not a finite duration"),
     ("op_timeout inf text", {"op_timeout": "inf"}, "op_timeout: 'inf' is not a duration"),
+    ("fence_epoch string", {"fence_epoch": "one"}, "fence_epoch: 'one' must be a whole number"),
+    ("fence_epoch bool", {"fence_epoch": True}, "fence_epoch: True must be a whole number"),
+    ("fence_epoch NaN", {"fence_epoch": float("nan")}, "fence_epoch: nan must be a whole number"),
+    ("fence_epoch 1e308", {"fence_epoch": 1e308}, "fence_epoch: 1e+308 must be a whole number"),
+    ("fence_epoch negative", {"fence_epoch": -1}, "fence_epoch: -1 is out of range (0-2097151)"),
+    ("fence_epoch 2**21", {"fence_epoch": 2 ** 21}, "fence_epoch: 2097152 is out of range (0-2097151)"),
+    ("fence_epoch newline", {"fence_epoch": "1\n"}, "fence_epoch: '1\\n' must be a whole number"),
+    ("fence_epoch NUL", {"fence_epoch": "1\x00"}, "fence_epoch: '1\\x00' must be a whole number"),
+    ("fence_epoch 1.5", {"fence_epoch": 1.5}, "fence_epoch: 1.5 must be a whole number"),
     ("url password", {"backend_url": "redis://u:%s@127.0.0.1:6379/0" % SECRET}, "backend_url: contains a password"),
     ("url password bad port", {"backend_url": "redis://u:%s@127.0.0.1:99999/0" % SECRET},
      "backend_url: contains a password"),
@@ -91,6 +100,8 @@ CASES = [
      "is not a regular file"),
     ("inventory op_timeout NaN", {"@inventory@": {"url": "@URL@", "op_timeout": "NaN"}},
      "op_timeout: 'NaN' is not a duration"),
+    ("inventory fence_epoch 1.5", {"@inventory@": {"url": "@URL@", "fence_epoch": 1.5}},
+     "fence_epoch: 1.5 must be a whole number"),
 ]
 
 

@@ -90,8 +90,9 @@ def fake_backend(monkeypatch):
     backend = FakeBackend()
     backend.opened_with = []
 
-    def open_backend(url, password=None, op_timeout=2.0, ca_file=None):
-        backend.opened_with.append(dict(url=url, password=password, op_timeout=op_timeout, ca_file=ca_file))
+    def open_backend(url, password=None, op_timeout=2.0, ca_file=None, fence_epoch=0):
+        backend.opened_with.append(dict(url=url, password=password, op_timeout=op_timeout, ca_file=ca_file,
+                                        fence_epoch=fence_epoch))
         return backend
 
     monkeypatch.setattr(dlock_task, "open_backend", open_backend)

@@ -2,6 +2,7 @@
 
 from ..validate import SCHEMES, backend_url
 from .base import Backend, Grant, Holder, Slot, validate_key  # noqa: F401  (re-exported)
+from .epoch import with_epoch
 
 
 def parse_url(url, field="backend"):
@@ -10,8 +11,13 @@ def parse_url(url, field="backend"):
     return backend_url(url, field)
 
 
-def open_backend(url, password=None, op_timeout=2.0, ca_file=None):
-    """A Backend for the URL. Connections are opened lazily, on first use."""
+def open_backend(url, password=None, op_timeout=2.0, ca_file=None, fence_epoch=0):
+    """A Backend for the URL, its fences in fence_epoch (epoch.py). Connections
+    are opened lazily, on first use."""
+    return with_epoch(_open(url, password, op_timeout, ca_file), fence_epoch)
+
+
+def _open(url, password, op_timeout, ca_file):
     parts = parse_url(url)
     scheme = parts.scheme
     url = parts.url

@@ -93,7 +93,7 @@ def test_runs_on_the_controller_with_inventory_defaults(fake_backend):
     result = run_task({"key": "k", "state": "query"},
                       task_vars={"dlock_backend": {"url": URL, "password": "s3cret", "op_timeout": "1s"}})
     assert result["msg"] == "k is free (fence 0)"
-    assert fake_backend.opened_with == [dict(url=URL, password="s3cret", op_timeout=1.0, ca_file=None)]
+    assert fake_backend.opened_with == [dict(url=URL, password="s3cret", op_timeout=1.0, ca_file=None, fence_epoch=0)]
     assert "s3cret" not in json.dumps(result)
 
 
@@ -239,8 +239,28 @@ def test_a_task_without_a_backend_uses_site_yml_s_record(fake_backend, inventory
     secret.write_text("rec-s3cret")
     result = run_task({"key": "k", "state": "query"}, task_vars=record_vars(inventory_dir))
     assert result["msg"] == "k is free (fence 0)", result
-    assert fake_backend.opened_with == [dict(url=URL, password="rec-s3cret", op_timeout=2.0, ca_file=None)]
+    assert fake_backend.opened_with == [dict(url=URL, password="rec-s3cret", op_timeout=2.0, ca_file=None,
+                                             fence_epoch=0)]
     assert "rec-s3cret" not in json.dumps(result)
+
+
+def test_the_fence_epoch_comes_from_the_task_dlock_backend_or_the_record(fake_backend, inventory_dir):
+    secret = inventory_dir / "credentials" / "dlock-backend.password"
+    write_record(inventory_dir, {"url": URL, "password_file": str(secret), "fence_epoch": 3})
+    secret.write_text("rec-s3cret")
+    assert not run_task({"key": "k", "state": "query"}, task_vars=record_vars(inventory_dir)).get("failed")
+    assert not run_task({"key": "k", "state": "query", "fence_epoch": "4"},
+                        task_vars=record_vars(inventory_dir)).get("failed")
+    assert not run_task({"key": "k", "state": "query"},
+                        task_vars={"dlock_backend": {"url": URL, "fence_epoch": 5}}).get("failed")
+    assert [opened["fence_epoch"] for opened in fake_backend.opened_with] == [3, 4, 5]
+
+
+@pytest.mark.parametrize("value", ["one", True, float("nan"), 1e308, -1, 2 ** 21, "1\n", "1\x00", 1.5, [1]])
+def test_a_bad_fence_epoch_fails_the_task_before_any_backend(fake_backend, value):
+    result = run_task({"key": "k", "state": "query", "backend_url": URL, "fence_epoch": value})
+    assert result["failed"] is True and result["msg"].startswith("fence_epoch: "), result
+    assert not fake_backend.opened_with
 
 
 def test_a_backend_on_the_task_or_in_dlock_backend_wins_over_the_record(fake_backend, inventory_dir):
@@ -313,6 +333,13 @@ HOSTILE_RECORDS = [
     ("a duplicate key", '{"url": "%s", "url": "%s"}' % (URL, URL), "the key 'url' appears twice"),
     ("deep nesting", "[" * 60000, "nest deeper than"),
     ("NaN", '{"url": NaN}', "not valid JSON"),
+    ("an epoch that is a string", json.dumps({"url": URL, "fence_epoch": "one"}), "fence_epoch: 'one' must be a whole number"),
+    ("an epoch that is true", json.dumps({"url": URL, "fence_epoch": True}), "fence_epoch: True must be a whole number"),
+    ("an epoch of 1e308", '{"url": "%s", "fence_epoch": 1e308}' % URL, "fence_epoch: 1e+308 must be a whole number"),
+    ("a negative epoch", json.dumps({"url": URL, "fence_epoch": -1}), "fence_epoch: -1 is out of range (0-2097151)"),
+    ("an epoch of 2**21", json.dumps({"url": URL, "fence_epoch": 2 ** 21}), "is out of range (0-2097151)"),
+    ("an epoch of 1.5", json.dumps({"url": URL, "fence_epoch": 1.5}), "fence_epoch: 1.5 must be a whole number"),
+    ("an epoch with a newline", json.dumps({"url": URL, "fence_epoch": "1\n"}), "fence_epoch: '1\\n' must be a whole number"),
 ]
 
 
