@@ -23,6 +23,7 @@ from ansible.errors import AnsibleFilterError
 from jinja2 import Undefined
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.epoch import switch_problems
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import LockOptions
 
@@ -420,6 +421,7 @@ TABLES = {
         "dlock_runner_backend_url": _backend_url,
         "dlock_runner_backend_password": _empty_or(_password(1, re.compile(r".+"), "one line")),
         "dlock_runner_ca_file": _empty_or(_path),
+        "dlock_runner_fence_epoch": validate.fence_epoch,
         "dlock_runner_config_dir": _path,
         "dlock_runner_jobs_dir": _path,
         "dlock_runner_password_path": _path,
@@ -745,10 +747,22 @@ def dlock_role_problems(variables, role):
     return role_problems(variables, role)
 
 
+def dlock_fence_switch_problems(installed, where, url, epoch):
+    """The runner role's guard against fences that go back: [] or the
+    message (backends/epoch.py, switch_problems). INSTALLED is the text of
+    the node's dlock.json, None when it has none; URL and EPOCH were checked
+    by dlock_role_problems a task earlier. Never raises."""
+    try:
+        return switch_problems(installed, where, url, epoch)
+    except ConfigError as exc:
+        return ["dlock_runner: %s" % exc]
+
+
 class FilterModule(object):
     def filters(self):
         return {
             "dlock_role_problems": dlock_role_problems,
+            "dlock_fence_switch_problems": dlock_fence_switch_problems,
             "dlock_pg_address": dlock_pg_address,
             "dlock_conf_line": dlock_conf_line,
         }

@@ -331,6 +331,16 @@ case(N, "defaults", defaults={"ttl": "NaN"})
 case(N, "defaults", defaults={"ttl": 1e308})
 case(N, "defaults", defaults={"colour": "blue"})
 case(N, "install_driver", install_driver="yes")
+case(N, "fence_epoch", fence_epoch="one")
+case(N, "fence_epoch", fence_epoch=True)
+case(N, "fence_epoch", fence_epoch="NaN")
+case(N, "fence_epoch", fence_epoch=float("nan"))
+case(N, "fence_epoch", fence_epoch=1e308)
+case(N, "fence_epoch", fence_epoch=-1)
+case(N, "fence_epoch", fence_epoch=2 ** 21)
+case(N, "fence_epoch", fence_epoch="1" + NL)
+case(N, "fence_epoch", fence_epoch="1\x00")
+case(N, "fence_epoch", fence_epoch=1.5)
 
 # -- dlock_jobs (its own settings; the job list has its own suite) ---------------
 J = "dlock_jobs"

@@ -110,3 +110,69 @@ def test_bad_schedules_are_named_in_one_short_message(tmp_path):
         "to parse calendar specification 'Fri..Mon 01:00': Invalid argument); job prose: schedule \"every "
         "tuesday\" is not a valid systemd OnCalendar expression (Failed to parse calendar specification 'every "
         "tuesday': Invalid argument)")
+
+
+# -- the runner's guard against fences that go back (docs/runner.md, Switching backends) --
+REDIS = "redis://dlock@10.0.0.5:6379/0"
+PG = "postgresql://dlock@10.0.0.6/dlock?sslmode=require"
+
+
+def runner_guard(tmp_path, installed, url, epoch, check=False):
+    """The runner's preflight on a node whose dlock.json is INSTALLED (a
+    dict, or None for a fresh node), rolling out URL with fence epoch EPOCH:
+    (return code, output, the fatal results)."""
+    config_dir = tmp_path / "etc-dlock"
+    config_dir.mkdir(exist_ok=True)
+    if installed is not None:
+        (config_dir / "dlock.json").write_text(json.dumps(installed))
+        before = (config_dir / "dlock.json").read_text()
+    variables = {"dlock_runner_backend_url": url, "dlock_runner_backend_password": SECRET,
+                 "dlock_runner_config_dir": str(config_dir), "dlock_runner_fence_epoch": epoch}
+    playbook = tmp_path / "preflight.yml"
+    playbook.write_text(PLAY.format(role="dlock_runner"))
+    extra = tmp_path / "vars.yml"
+    extra.write_text(yaml.safe_dump(variables))
+    argv = [os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local",
+            "-e", "ansible_python_interpreter=" + sys.executable, "-e", "@" + str(extra), "-vvv", str(playbook)]
+    proc = subprocess.run(argv + (["--check"] if check else []), env=ansible_env(), capture_output=True,
+                          text=True, timeout=120, check=False)
+    out = proc.stdout + proc.stderr
+    assert SECRET not in out and "Traceback" not in out
+    if installed is not None:
+        assert (config_dir / "dlock.json").read_text() == before  # the guard only reads
+    return proc.returncode, out, fatal_results(proc.stdout)
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check mode"])
+def test_the_runner_refuses_a_switch_of_backend_without_a_higher_epoch(tmp_path, check):
+    code, out, results = runner_guard(tmp_path, {"backend": REDIS, "jobs_dir": "/etc/dlock/jobs"}, PG, 0, check)
+    assert code == 2, out
+    [result] = results
+    where = tmp_path / "etc-dlock" / "dlock.json"
+    assert result["msg"] == (
+        "dlock_runner: %s uses the backend %s with fence_epoch 0, and this rollout switches it to %s with "
+        "fence_epoch 0: the new backend counts its fences from 1 again, and a resource that keeps the highest "
+        "fence seen would refuse every write of its jobs. Set dlock_fence_epoch: 1 (site.yml; "
+        "dlock_runner_fence_epoch for the role alone) after draining the jobs; the procedure: docs/runner.md, "
+        "Switching backends. Nothing was changed." % (where, REDIS, PG)), result["msg"]
+
+
+@pytest.mark.parametrize("installed, url, epoch", [
+    ({"backend": REDIS}, PG, 1),                                   # the switch, with the epoch one higher
+    ({"backend": REDIS, "fence_epoch": 2}, PG, "5"),              # any higher epoch (INI gives a string)
+    ({"backend": REDIS, "fence_epoch": 2}, "redis://other@10.0.0.5/0", 2),  # same server, db, other user
+    ({"backend": PG, "fence_epoch": 1}, "postgresql://dlock@10.0.0.6:5432/dlock", 1),  # default port, no options
+    (None, PG, 0),                                                 # a fresh node
+    ({"backend": "mysql://not-ours"}, PG, 0),                      # a file the runner would refuse: never ran
+], ids=["switch epoch+1", "higher epoch", "same backend", "same backend other options", "fresh", "invalid"])
+def test_the_runner_accepts_fences_that_go_forward(tmp_path, installed, url, epoch):
+    code, out, _results = runner_guard(tmp_path, installed, url, epoch)
+    assert code == 0, out
+
+
+def test_the_runner_refuses_a_lower_epoch_on_the_same_backend(tmp_path):
+    code, out, results = runner_guard(tmp_path, {"backend": REDIS, "fence_epoch": 3}, "redis://dlock@10.0.0.5/0", 2)
+    assert code == 2, out
+    [result] = results
+    assert "has fence_epoch 3 on the backend redis://dlock@10.0.0.5/0, and this rollout lowers it to 2: fences " \
+        "would go back" in result["msg"] and "Keep dlock_fence_epoch at 3 or above" in result["msg"], result["msg"]

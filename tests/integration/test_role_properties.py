@@ -75,6 +75,7 @@ TEXT_VALIDATORS = {
     "host_or_network": lambda v: validate.host_or_network(v, "f"),
     "duration": lambda v: validate.duration(v, "f"),
     "integer": lambda v: validate.integer(v, "f", 0, 10 ** 9),
+    "fence_epoch": lambda v: validate.fence_epoch(v, "f"),
     "number": lambda v: validate.number(v, "f", 0, 10 ** 9),
     "choice": lambda v: validate.choice(v, "f", ("always", "no")),
     "backend_url": lambda v: validate.backend_url(v, "f"),
@@ -127,7 +128,7 @@ GOOD = {
                           dlock_metrics_runner_bin="/usr/local/bin/dlock", dlock_metrics_group="dlock",
                           dlock_metrics_jobs_dir="/etc/dlock/jobs", dlock_metrics_password_path="/etc/dlock/pw"),
     "dlock_runner": dict(_role_defaults("dlock_runner"), dlock_runner_backend_url="redis://dlock@db1:6379/0",
-                         dlock_runner_backend_password="", dlock_runner_ca_file=""),
+                         dlock_runner_backend_password="", dlock_runner_ca_file="", dlock_runner_fence_epoch=0),
     "dlock_jobs": dict(_role_defaults("dlock_jobs"), dlock_jobs_runner_bin="/usr/local/bin/dlock",
                        dlock_jobs_jobs_dir="/etc/dlock/jobs", dlock_jobs_group="dlock",
                        dlock_jobs_password_path="/etc/dlock/pw", dlock_jobs_metrics_dir="",
@@ -173,6 +174,45 @@ def test_a_password_is_never_in_a_message(value):
                        ("dlock_runner", "dlock_runner_backend_password")):
         for problem in role_vars.role_problems(dict(GOOD[role], **{name: value}), role):
             assert value not in problem and value.strip()[:12] not in problem
+
+
+# -- fence epochs: the runner's check and its guard against fences that go back ---
+EPOCHS = st.integers(0, validate.MAX_FENCE_EPOCH)
+# Small epochs as well: equal and neighbouring epochs are where the guard decides.
+NEAR_EPOCHS = st.one_of(st.integers(0, 3), EPOCHS)
+COUNTERS = st.integers(1, 2 ** 32 - 1)  # what a backend's grant issues
+BACKENDS = st.sampled_from(["redis://dlock@db1:6379/0", "redis://db1/1", "postgresql://dlock@db1/dlock",
+                            "postgresql+advisory://dlock@db1/dlock", "etcd://dlock@db1:2379,db2:2379/dlock",
+                            "file:///var/lib/dlock"])
+
+
+@FAST
+@given(epoch=st.one_of(EPOCHS, EPOCHS.map(str)), counter=COUNTERS)
+def test_every_epoch_the_runner_accepts_keeps_its_fences_exact_for_json(epoch, counter):
+    assert role_vars.role_problems(dict(GOOD["dlock_runner"], dlock_runner_fence_epoch=epoch), "dlock_runner") == []
+    fence = validate.fence_epoch(epoch) * 2 ** 32 + counter
+    assert fence < 2 ** 53 and float(fence) == fence
+
+
+@FAST
+@given(epoch=st.one_of(st.integers(max_value=-1), st.integers(min_value=validate.MAX_FENCE_EPOCH + 1),
+                       st.floats(), st.booleans(), st.text().filter(lambda t: not re.fullmatch(r"[0-9]{1,7}", t))))
+def test_every_epoch_out_of_bounds_or_of_another_type_is_refused_by_the_runners_check(epoch):
+    problems = role_vars.role_problems(dict(GOOD["dlock_runner"], dlock_runner_fence_epoch=epoch), "dlock_runner")
+    assert problems and all(p.startswith("dlock_runner_fence_epoch: ") for p in problems), problems
+
+
+@FAST
+@given(old=BACKENDS, new=BACKENDS, e1=NEAR_EPOCHS, e2=NEAR_EPOCHS, c1=st.integers(1, 2 ** 32 - 2))
+def test_the_guard_lets_through_exactly_the_changes_whose_fences_go_forward(old, new, e1, e2, c1):
+    """Installed: backend OLD at epoch e1, whose last fence was e1 * 2**32 +
+    c1. The guard accepts NEW at e2 exactly when the first fence the node
+    then hands out is above that one: another backend counts from 1 again,
+    the same one goes on from c1."""
+    installed = '{"backend": "%s", "fence_epoch": %d}' % (old, e1)
+    accepted = role_vars.dlock_fence_switch_problems(installed, "/etc/dlock/dlock.json", new, e2) == []
+    first_new = e2 * 2 ** 32 + (c1 + 1 if old == new else 1)
+    assert accepted == (first_new > e1 * 2 ** 32 + c1), (old, new, e1, e2)
 
 
 # -- round trips --------------------------------------------------------------

@@ -12,6 +12,7 @@ and is refused, never wrapped. Epoch 0 is no epoch: open_backend() returns
 the backend itself, and every fence is its counter, exactly as before epochs.
 """
 
+from .. import validate
 from ..errors import ConfigError, DlockError
 from ..validate import FENCE_COUNTER_BITS, fence_epoch
 
@@ -75,3 +76,63 @@ def with_epoch(backend, epoch):
     """The backend as open_backend returns it: itself at epoch 0. The epoch
     is checked either way (False is no 0)."""
     return EpochBackend(backend, epoch) if fence_epoch(epoch) else backend
+
+
+# -- a switch of backend on a node (the runner role's preflight) -----------------
+# The port a URL without one means (the drivers' defaults).
+DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "postgresql": 5432, "postgresql+advisory": 5432,
+                 "etcd": 2379, "etcd+https": 2379}
+
+
+def backend_identity(url):
+    """What makes two URLs the same fence counters: the scheme, the hosts
+    (a set: their order is only the order libpq or etcd tries them in; names
+    compared without case) and the database (Redis: its number, 0 when the
+    URL names none), key prefix (etcd) or directory (file). Not the user,
+    the password or the query's options: the same server, reached another
+    way, still counts on. redis:// and rediss:// differ, as every scheme
+    does: a false difference only asks for an epoch one higher, which is
+    always safe."""
+    parts = validate.backend_url(url, "backend")
+    path = parts.path
+    if parts.scheme in ("redis", "rediss"):
+        path = path.strip("/") or "0"
+    default_port = DEFAULT_PORTS.get(parts.scheme)
+    hosts = sorted(set((host.lower(), port or default_port) for host, port in parts.hosts))
+    return parts.scheme, tuple(hosts), path
+
+
+def switch_problems(installed, where, url, epoch):
+    """[] when a node whose dlock.json holds `installed` (its text, or None
+    when there is none) may switch to backend `url` with fence epoch `epoch`
+    (both already checked); else the message. Fences must never go back:
+    another backend needs an epoch above the installed one (its counters
+    start again from 1), the same backend an epoch at least as high. An
+    installed file that does not hold a valid backend and epoch was never
+    run by this runner (it refuses such a file): nothing to keep."""
+    if installed is None:
+        return []
+    try:
+        config = validate.parse_json(installed)
+        old_url = config["backend"]
+        old_identity = backend_identity(old_url)
+        old_epoch = fence_epoch(config.get("fence_epoch", 0))
+    except (ValueError, TypeError, KeyError, AttributeError, ConfigError):
+        return []
+    epoch = fence_epoch(epoch)
+    procedure = "the procedure: docs/runner.md, Switching backends. Nothing was changed."
+    if old_identity != backend_identity(url):
+        if epoch > old_epoch:
+            return []
+        return ["dlock_runner: %s uses the backend %s with fence_epoch %d, and this rollout switches it to %s with "
+                "fence_epoch %d: the new backend counts its fences from 1 again, and a resource that keeps the "
+                "highest fence seen would refuse every write of its jobs. Set dlock_fence_epoch: %d (site.yml; "
+                "dlock_runner_fence_epoch for the role alone) after draining the jobs; %s"
+                % (where, validate.redact_url(old_url), old_epoch, validate.redact_url(url), epoch, old_epoch + 1,
+                   procedure)]
+    if epoch < old_epoch:
+        return ["dlock_runner: %s has fence_epoch %d on the backend %s, and this rollout lowers it to %d: fences "
+                "would go back, and a resource that keeps the highest fence seen would refuse every write. Keep "
+                "dlock_fence_epoch at %d or above; %s"
+                % (where, old_epoch, validate.redact_url(url), epoch, old_epoch, procedure)]
+    return []
