@@ -115,6 +115,18 @@ def test_the_record_names_the_ca_file_the_controller_uses(tmp_path, redis_with_p
     assert json.loads(record(tmp_path).read_text())["ca_file"] == ca_file
 
 
+def test_the_record_gives_the_controller_the_nodes_fence_epoch(tmp_path, redis_with_password):
+    site(tmp_path, redis_with_password.url, {"dlock_fence_epoch": 2})
+    assert json.loads(record(tmp_path).read_text())["fence_epoch"] == 2
+    (tmp_path / "credentials" / "dlock-backend.password").write_text(PASSWORD)
+    proc = subprocess.run([os.path.join(BIN, "ansible"), "localhost", "-i", inventory(tmp_path, redis_with_password.url),
+                           "-m", "dlock.fleet.dlock", "-a", "key=rec-epoch-key ttl=5m state=query"],
+                          env=ansible_env(), capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Never granted on this backend: the epoch's floor, above every fence of epoch 1.
+    assert '"fence": %d' % (2 * 2 ** 32) in proc.stdout, proc.stdout
+
+
 def test_the_controllers_tools_use_the_record(tmp_path, redis_with_password):
     """What an operator runs right after site.yml, with the inventory it
     used: a module task, the status and break_lock runbooks, adhoc.sh."""
