@@ -14,9 +14,12 @@ import re
 import sys
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ansible_collections.dlock.fleet.plugins.module_utils import dlock_task
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Grant, open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.epoch import with_epoch
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.redis_lease import _keys
 from jobfixture import fenced_write
 from runner_proc import last_log, run_dlock
@@ -170,3 +173,42 @@ def test_a_counter_that_reached_the_next_epoch_is_refused_and_its_grant_given_ba
     node.switch(redis_server.url, 0)
     token, _log = node.run()
     assert token == EPOCH + 1
+
+
+# -- the composition, for every epoch and counter (a stand-in backend) ------------------
+EPOCHS = st.integers(0, validate.MAX_FENCE_EPOCH)
+COUNTERS = st.integers(0, 2 ** 32 - 1)
+
+
+class Counter(object):
+    """A backend whose grant issues the counter it is given."""
+
+    name = "stand-in"
+
+    def __init__(self, counter):
+        self.counter = counter
+
+    def acquire(self, key, owner, ttl, slot=None):
+        return Grant("granted", self.counter)
+
+
+def composed(epoch, counter):
+    return with_epoch(Counter(counter), epoch).acquire("k", "o", 10).fence
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.integers(0, 3), EPOCHS), st.one_of(st.integers(0, 3), EPOCHS), COUNTERS, COUNTERS)
+def test_a_higher_epoch_orders_every_fence_above_a_lower_ones(e1, e2, c1, c2):
+    if e1 == e2:
+        assert (composed(e1, c1) < composed(e2, c2)) == (c1 < c2)  # the backend's own order
+    else:
+        low, high = sorted((e1, e2))
+        assert composed(low, c1) < composed(high, c2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(EPOCHS, COUNTERS)
+def test_every_accepted_epoch_keeps_fences_exact_in_json(epoch, counter):
+    fence = composed(epoch, counter)
+    assert 0 <= fence < 2 ** 53 and float(fence) == fence  # a double (JSON, JavaScript) holds it exactly
+    assert json.loads(json.dumps(fence)) == fence and divmod(fence, 2 ** 32) == (epoch, counter)
