@@ -122,6 +122,37 @@ def node_config(lab):
     return json.loads(lab.ssh(lab.group("dlock_nodes")[0], "cat /etc/dlock/dlock.json", check=True).stdout)
 
 
+# The backend settings (backend type and extra variables) of each lab's last
+# site.yml that finished without error, kept even when a later run failed:
+# fence_epoch() compares the next rollout's with them.
+LAST_BACKEND = {}
+
+
+def installed_epoch(lab):
+    """The highest fence_epoch in the job nodes' dlock.json; None when no
+    node has one (a fresh lab)."""
+    epochs = []
+    for node in lab.group("dlock_nodes"):
+        done = lab.ssh(node, "cat /etc/dlock/dlock.json")
+        if done.returncode == 0:
+            epochs.append(json.loads(done.stdout).get("fence_epoch", 0))
+    return max(epochs) if epochs else None
+
+
+def fence_epoch(lab, backend_type, extra_vars):
+    """dlock_fence_epoch for this rollout, as an operator sets it (docs/runner.md,
+    Switching backends): the nodes' own, one higher when the backend may have
+    changed since the last rollout (another type, other variables: the lab's
+    tests switch backends on the same job nodes, which the runner's preflight
+    refuses without it). One higher when the backend did not change is
+    harmless; the same epoch after a real switch would be refused, visibly."""
+    installed = installed_epoch(lab)
+    if installed is None:
+        return 0
+    same = LAST_BACKEND.get(lab.prefix) == rollout_key(backend_type, extra_vars, ())
+    return installed if same else installed + 1
+
+
 def rollout_key(backend_type, extra_vars, args):
     """What LAST_ROLLOUT keeps of a site.yml run: equal keys, equal rollouts."""
     return (backend_type, json.dumps(extra_vars, sort_keys=True), tuple(a for a in args if a not in OUTPUT_ONLY_ARGS))
@@ -134,13 +165,15 @@ def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
     into the lab's state directory."""
     shape(lab, backend_type, bool(extra_vars.get("dlock_postgresql_ha")))
     site_vars = {"dlock_backend_type": backend_type,
-                 "dlock_backend_password_file": password_file(lab)}
+                 "dlock_backend_password_file": password_file(lab),
+                 "dlock_fence_epoch": fence_epoch(lab, backend_type, extra_vars)}
     site_vars.update(extra_vars)
     LAST_ROLLOUT.pop(lab.prefix, None)
     done = ansible_playbook(lab, "playbooks/site.yml", site_vars, "-i", clock_inventory(lab), *args,
                             check=check, capture=capture)
     if done.returncode == 0 and "--check" not in args and "-C" not in args:
         LAST_ROLLOUT[lab.prefix] = rollout_key(backend_type, extra_vars, args)
+        LAST_BACKEND[lab.prefix] = rollout_key(backend_type, extra_vars, ())
     return done
 
 

@@ -39,10 +39,12 @@ RANDOMIZED_DELAY = 2  # seconds: several nodes win slots
 def provisioned(lab):
     """The molecule scenario of that backend type converged on this lab
     (scenario.converged: again only when the lab's last rollout was another);
-    returns what the nodes use: the backend URL and its password."""
+    returns what the nodes use: the backend URL, its password and their
+    fence epoch (the runner's preflight refuses a lower one)."""
     def converged(backend_type):
         scenario.converged(lab, backend_type)
-        return {"url": node_config(lab)["backend"], "password": read_password(lab)}
+        config = node_config(lab)
+        return {"url": config["backend"], "password": read_password(lab), "fence_epoch": config.get("fence_epoch", 0)}
     return converged
 
 
