@@ -1,4 +1,4 @@
-"""Fence epochs across a backend switch (docs/runner.md, Switching backends).
+"""Fence epochs across a backend switch (docs/backends.md, Switching backends).
 
 Each backend counts its fences from 1. A fleet switched from backend A to
 backend B with fence_epoch one higher must hand its jobs fences above all of

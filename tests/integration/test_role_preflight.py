@@ -112,7 +112,7 @@ def test_bad_schedules_are_named_in_one_short_message(tmp_path):
         "tuesday': Invalid argument)")
 
 
-# -- the runner's guard against fences that go back (docs/runner.md, Switching backends) --
+# -- the runner's guard against fences that go back (docs/backends.md, Switching backends) --
 REDIS = "redis://dlock@10.0.0.5:6379/0"
 PG = "postgresql://dlock@10.0.0.6/dlock?sslmode=require"
 
@@ -153,7 +153,7 @@ def test_the_runner_refuses_a_switch_of_backend_without_a_higher_epoch(tmp_path,
         "dlock_runner: %s uses the backend %s with fence_epoch 0, and this rollout switches it to %s with "
         "fence_epoch 0: the new backend counts its fences from 1 again, and a resource that keeps the highest "
         "fence seen would refuse every write of its jobs. Set dlock_fence_epoch: 1 (site.yml; "
-        "dlock_runner_fence_epoch for the role alone) after draining the jobs; the procedure: docs/runner.md, "
+        "dlock_runner_fence_epoch for the role alone) after draining the jobs; the procedure: docs/backends.md, "
         "Switching backends. Nothing was changed." % (where, REDIS, PG)), result["msg"]
 
 

@@ -40,7 +40,7 @@ class EpochBackend(object):
             raise ConfigError(
                 "%s: the %s backend's fence counter is %d, at or above 2**32: with fence_epoch %d it would give "
                 "the fences of epoch %d, so it is refused. Switch to a fresh backend (or key) with fence_epoch "
-                "(dlock_fence_epoch) one higher: docs/runner.md, Switching backends"
+                "(dlock_fence_epoch) one higher: docs/backends.md, Switching backends"
                 % (key, self._backend.name, counter, self._epoch, self._epoch + counter // COUNTER_LIMIT))
         return self._epoch * COUNTER_LIMIT + counter
 
@@ -120,7 +120,7 @@ def switch_problems(installed, where, url, epoch):
     except (ValueError, TypeError, KeyError, AttributeError, ConfigError):
         return []
     epoch = fence_epoch(epoch)
-    procedure = "the procedure: docs/runner.md, Switching backends. Nothing was changed."
+    procedure = "the procedure: docs/backends.md, Switching backends. Nothing was changed."
     if old_identity != backend_identity(url):
         if epoch > old_epoch:
             return []
