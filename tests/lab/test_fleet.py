@@ -375,7 +375,10 @@ def test_a_backend_switch_drains_every_node_first(lab, provisioned):
     (the dlock.fleet.drain playbook), then site.yml with the new backend. The
     drain stops every job timer on every node and waits for a run that is
     going on, which ends by itself; the switch is the PostgreSQL scenario's
-    own rollout (no rollout of its own), which starts the timers again."""
+    own rollout (no rollout of its own), with the fence epoch one higher
+    (rollout.fence_epoch), which starts the timers again. The same job's
+    fences go on rising across the switch: a resource that keeps the highest
+    fence seen accepts the new backend's runs at once."""
     provisioned("redis")
     node = lab.group("dlock_nodes")[0]
     jobs(lab, [DRAIN_PROBE])
@@ -389,7 +392,8 @@ def test_a_backend_switch_drains_every_node_first(lab, provisioned):
     assert _job_state(lab, node, "drain-probe") == "inactive", "the drain ended before the run it had to wait for"
     log = lab.ssh(node, "journalctl -u dlock-drain-probe --since @%d -o cat --no-pager | grep '^{'" % since,
                   check=True).stdout
-    assert [json.loads(line)["result"] for line in log.splitlines()] == ["success"], log  # waited for, not killed
+    [on_redis] = [json.loads(line) for line in log.splitlines()]
+    assert on_redis["result"] == "success", log  # waited for, not killed
     assert re.search(r"changed=[1-9]", drained.stdout), drained.stdout[-2000:]
     for each in lab.group("dlock_nodes"):
         assert _timers(lab, each, "active") == [], "%s: timers still running after the drain" % each
@@ -398,6 +402,14 @@ def test_a_backend_switch_drains_every_node_first(lab, provisioned):
     provisioned("postgresql")  # the switch
     for each in lab.group("dlock_nodes"):
         assert "dlock-sample.timer" in _timers(lab, each, "active"), each
+    since = time.time()
+    lab.ssh(node, "systemctl start dlock-drain-probe.service", check=True)  # returns when the run has ended
+    log = lab.ssh(node, "journalctl -u dlock-drain-probe --since @%d -o cat --no-pager | grep '^{'" % since,
+                  check=True).stdout
+    [on_postgresql] = [json.loads(line) for line in log.splitlines()]
+    assert on_postgresql["result"] == "success", log
+    assert on_postgresql["fence"] > on_redis["fence"], (on_redis["fence"], on_postgresql["fence"])
+    jobs(lab, [{"name": DRAIN_PROBE["name"], "state": "absent"}])
 
 
 def test_postgresql_scenario_changes_nothing_again(lab, provisioned, slot_ledger):
