@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Offline stand-ins for the intersphinx inventories that antsibull-docs'
 Sphinx configuration (sphinx-init) names beside each URL: DEST/python2.inv,
 python3.inv, jinja2.inv and ansible_devel.inv.
