@@ -46,9 +46,9 @@ options:
   fence_epoch:
     description:
       - Fence epoch of the backend, as the nodes' C(fence_epoch) in C(dlock.json) (C(dlock_fence_epoch) of
-        C(playbooks/site.yml)). Every fence is O(fence_epoch) * 2**32 plus the backend's counter, so that a
+        C(playbooks/site.yml)). Every fence is O(fence_epoch) * 2**40 plus the backend's counter, so that a
         fleet switched to a new backend with the epoch one higher hands out fences above all of the old one's.
-      - A whole number from V(0) to V(2097151), 2**21 - 1, so that every fence stays below 2**53.
+      - A whole number from V(0) to V(8191), 2**13 - 1, so that every fence stays below 2**53.
       - Defaults to C(fence_epoch) of the inventory variable C(dlock_backend) (or of the record of
         C(playbooks/site.yml) when the backend comes from it), else V(0).
     type: raw

@@ -25,7 +25,7 @@ from jobfixture import fenced_write
 from runner_proc import last_log, run_dlock
 
 JOBFIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobfixture.py")
-EPOCH = 2 ** 32
+EPOCH = 2 ** 40
 RUNS_ON_A = 3  # A's counter ends above B's first fence: without epochs B's run would be refused
 
 
@@ -157,18 +157,18 @@ def test_a_counter_that_reached_the_next_epoch_is_refused_and_its_grant_given_ba
     node = Node(tmp_path, "job-" + unique_key[-8:], unique_key)
     client = open_backend(redis_server.url)
     try:
-        client.client.set(_keys(unique_key)[1], EPOCH - 1)  # the next grant counts 2**32
+        client.client.set(_keys(unique_key)[1], EPOCH - 1)  # the next grant counts 2**40
     finally:
         client.close()
     node.switch(redis_server.url, 1)
     done = run_dlock("run", "--job", node.job, *node.config)
     assert done.returncode == 78, done.stderr  # a configuration error: never run, never wrapped
-    assert "at or above 2**32" in done.stderr and "fence_epoch 1" in done.stderr
+    assert "at or above 2**40" in done.stderr and "fence_epoch 1" in done.stderr
     assert not node.env_file.exists()  # the job never started
     assert not json.loads(run_dlock("status", "--key", unique_key, "--backend", redis_server.url,
                                     "--json").stdout)[0]["held"]  # the grant was given back
     refused = run_dlock("status", "--job", node.job, *node.config)
-    assert refused.returncode == 78 and "at or above 2**32" in refused.stderr
+    assert refused.returncode == 78 and "at or above 2**40" in refused.stderr
     # Epoch 0 is no epoch: the counter is the fence, as before epochs.
     node.switch(redis_server.url, 0)
     token, _log = node.run()
@@ -177,7 +177,7 @@ def test_a_counter_that_reached_the_next_epoch_is_refused_and_its_grant_given_ba
 
 # -- the composition, for every epoch and counter (a stand-in backend) ------------------
 EPOCHS = st.integers(0, validate.MAX_FENCE_EPOCH)
-COUNTERS = st.integers(0, 2 ** 32 - 1)
+COUNTERS = st.integers(0, 2 ** 40 - 1)
 
 
 class Counter(object):
@@ -211,4 +211,4 @@ def test_a_higher_epoch_orders_every_fence_above_a_lower_ones(e1, e2, c1, c2):
 def test_every_accepted_epoch_keeps_fences_exact_in_json(epoch, counter):
     fence = composed(epoch, counter)
     assert 0 <= fence < 2 ** 53 and float(fence) == fence  # a double (JSON, JavaScript) holds it exactly
-    assert json.loads(json.dumps(fence)) == fence and divmod(fence, 2 ** 32) == (epoch, counter)
+    assert json.loads(json.dumps(fence)) == fence and divmod(fence, 2 ** 40) == (epoch, counter)

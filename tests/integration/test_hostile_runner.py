@@ -154,13 +154,13 @@ CASES = [
     ("config password_file dots", "config:password_file", "/etc/dlock/../shadow", "is not normalised"),
     ("config defaults list", "config:defaults", ["ttl"], "defaults: ['ttl'] must be a mapping"),
     ("config unknown field", "config:metrics", "/tmp", "unknown field 'metrics'"),
-    # -- fence_epoch (dlock.json): a whole number from 0 to 2**21 - 1 ----------------
+    # -- fence_epoch (dlock.json): a whole number from 0 to 2**13 - 1 ----------------
     ("fence_epoch string", "config:fence_epoch", "one", "fence_epoch: 'one' must be a whole number"),
     ("fence_epoch true", "config:fence_epoch", True, "fence_epoch: True must be a whole number"),
     ("fence_epoch NaN", "config-text", '{"backend": "@URL@", "fence_epoch": NaN}', "NaN is not a number JSON allows"),
     ("fence_epoch 1e308", "config:fence_epoch", 1e308, "fence_epoch: 1e+308 must be a whole number"),
-    ("fence_epoch negative", "config:fence_epoch", -1, "fence_epoch: -1 is out of range (0-2097151)"),
-    ("fence_epoch 2**21", "config:fence_epoch", 2 ** 21, "fence_epoch: 2097152 is out of range (0-2097151)"),
+    ("fence_epoch negative", "config:fence_epoch", -1, "fence_epoch: -1 is out of range (0-8191)"),
+    ("fence_epoch 2**13", "config:fence_epoch", 2 ** 13, "fence_epoch: 8192 is out of range (0-8191)"),
     ("fence_epoch newline", "config:fence_epoch", "1\n", "fence_epoch: '1\\n' must be a whole number"),
     ("fence_epoch NUL", "config:fence_epoch", "1\x00", "fence_epoch: '1\\x00' must be a whole number"),
     ("fence_epoch 1.5", "config:fence_epoch", 1.5, "fence_epoch: 1.5 must be a whole number"),

@@ -180,7 +180,7 @@ def test_a_password_is_never_in_a_message(value):
 EPOCHS = st.integers(0, validate.MAX_FENCE_EPOCH)
 # Small epochs as well: equal and neighbouring epochs are where the guard decides.
 NEAR_EPOCHS = st.one_of(st.integers(0, 3), EPOCHS)
-COUNTERS = st.integers(1, 2 ** 32 - 1)  # what a backend's grant issues
+COUNTERS = st.integers(1, 2 ** 40 - 1)  # what a backend's grant issues
 BACKENDS = st.sampled_from(["redis://dlock@db1:6379/0", "redis://db1/1", "postgresql://dlock@db1/dlock",
                             "postgresql+advisory://dlock@db1/dlock", "etcd://dlock@db1:2379,db2:2379/dlock",
                             "file:///var/lib/dlock"])
@@ -190,7 +190,7 @@ BACKENDS = st.sampled_from(["redis://dlock@db1:6379/0", "redis://db1/1", "postgr
 @given(epoch=st.one_of(EPOCHS, EPOCHS.map(str)), counter=COUNTERS)
 def test_every_epoch_the_runner_accepts_keeps_its_fences_exact_for_json(epoch, counter):
     assert role_vars.role_problems(dict(GOOD["dlock_runner"], dlock_runner_fence_epoch=epoch), "dlock_runner") == []
-    fence = validate.fence_epoch(epoch) * 2 ** 32 + counter
+    fence = validate.fence_epoch(epoch) * 2 ** 40 + counter
     assert fence < 2 ** 53 and float(fence) == fence
 
 
@@ -203,16 +203,16 @@ def test_every_epoch_out_of_bounds_or_of_another_type_is_refused_by_the_runners_
 
 
 @FAST
-@given(old=BACKENDS, new=BACKENDS, e1=NEAR_EPOCHS, e2=NEAR_EPOCHS, c1=st.integers(1, 2 ** 32 - 2))
+@given(old=BACKENDS, new=BACKENDS, e1=NEAR_EPOCHS, e2=NEAR_EPOCHS, c1=st.integers(1, 2 ** 40 - 2))
 def test_the_guard_lets_through_exactly_the_changes_whose_fences_go_forward(old, new, e1, e2, c1):
-    """Installed: backend OLD at epoch e1, whose last fence was e1 * 2**32 +
+    """Installed: backend OLD at epoch e1, whose last fence was e1 * 2**40 +
     c1. The guard accepts NEW at e2 exactly when the first fence the node
     then hands out is above that one: another backend counts from 1 again,
     the same one goes on from c1."""
     installed = '{"backend": "%s", "fence_epoch": %d}' % (old, e1)
     accepted = role_vars.dlock_fence_switch_problems(installed, "/etc/dlock/dlock.json", new, e2) == []
-    first_new = e2 * 2 ** 32 + (c1 + 1 if old == new else 1)
-    assert accepted == (first_new > e1 * 2 ** 32 + c1), (old, new, e1, e2)
+    first_new = e2 * 2 ** 40 + (c1 + 1 if old == new else 1)
+    assert accepted == (first_new > e1 * 2 ** 40 + c1), (old, new, e1, e2)
 
 
 # -- round trips --------------------------------------------------------------

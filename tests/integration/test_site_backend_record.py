@@ -124,7 +124,7 @@ def test_the_record_gives_the_controller_the_nodes_fence_epoch(tmp_path, redis_w
                           env=ansible_env(), capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # Never granted on this backend: the epoch's floor, above every fence of epoch 1.
-    assert '"fence": %d' % (2 * 2 ** 32) in proc.stdout, proc.stdout
+    assert '"fence": %d' % (2 * 2 ** 40) in proc.stdout, proc.stdout
 
 
 def test_the_controllers_tools_use_the_record(tmp_path, redis_with_password):

@@ -169,13 +169,17 @@ def port(value, field):
     return integer(value, field, 1, 65535)
 
 
-# Fence epochs: every fence a consumer sees is epoch * 2**32 + the backend's
+# Fence epochs: every fence a consumer sees is epoch * 2**40 + the backend's
 # counter (backends/epoch.py), so a switch to a new backend with the epoch one
 # higher gives fences above all of the old backend's. The bound keeps every
 # such fence below 2**53, the integers a JSON consumer (JavaScript, a double)
-# holds exactly: (2**21 - 1) * 2**32 + (2**32 - 1) = 2**53 - 1.
-FENCE_COUNTER_BITS = 32
-MAX_FENCE_EPOCH = 2 ** 21 - 1
+# holds exactly: (2**13 - 1) * 2**40 + (2**40 - 1) = 2**53 - 1. 40 bits of
+# counter, not 32: etcd's counter is the cluster's revision, one per write
+# of any key, and a busy lock cluster (a thousand runs a minute, a few
+# writes each) passes 2**32 within two years, after which every grant of
+# an epoch would be refused; 2**40 lasts centuries. 8191 switches remain.
+FENCE_COUNTER_BITS = 40
+MAX_FENCE_EPOCH = 2 ** 13 - 1
 
 
 def fence_epoch(value, field="fence_epoch"):

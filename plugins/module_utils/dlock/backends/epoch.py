@@ -3,11 +3,11 @@ every consumer sees (the job's DLOCK_FENCING_TOKEN, the log line and the
 `last` record, `dlock status`, `dlock release --force`, the metrics, the
 module's `fence`).
 
-fence = epoch * 2**32 + counter, the counter being what the backend's grant
+fence = epoch * 2**40 + counter, the counter being what the backend's grant
 issued. Each backend counts from 1; a fleet that switches backends sets
 fence_epoch one higher, so that the new backend's fences are above all of
 the old one's and a resource that keeps the highest fence seen accepts them
-at once. A counter of 2**32 or more would reach into the next epoch's fences
+at once. A counter of 2**40 or more would reach into the next epoch's fences
 and is refused, never wrapped. Epoch 0 is no epoch: open_backend() returns
 the backend itself, and every fence is its counter, exactly as before epochs.
 """
@@ -38,7 +38,7 @@ class EpochBackend(object):
             return None
         if not 0 <= counter < COUNTER_LIMIT:
             raise ConfigError(
-                "%s: the %s backend's fence counter is %d, at or above 2**32: with fence_epoch %d it would give "
+                "%s: the %s backend's fence counter is %d, at or above 2**40: with fence_epoch %d it would give "
                 "the fences of epoch %d, so it is refused. Switch to a fresh backend (or key) with fence_epoch "
                 "(dlock_fence_epoch) one higher: docs/backends.md, Switching backends"
                 % (key, self._backend.name, counter, self._epoch, self._epoch + counter // COUNTER_LIMIT))
