@@ -39,8 +39,8 @@ class Job(object):
         done = run_dlock(*(self.args + list(extra) + job(self.ledger, code)))
         return done.returncode, last_log(done.stderr)
 
-    def rerun(self, slot, code, reason=REASON):
-        return self.run(code, "--rerun", slot, "--reason", reason)
+    def rerun(self, slot, code, *extra, reason=REASON):
+        return self.run(code, "--rerun", slot, "--reason", reason, *extra)
 
     def last(self):
         done = run_dlock("status", "--key", self.args[4], "--backend", self.args[6], "--json")
@@ -91,14 +91,21 @@ def test_a_slot_with_no_marker_or_not_begun_is_refused(url, unique_key, tmp_path
     billing = Job(url, unique_key, ledger)
     now = int(time.time()) // HOUR * HOUR
     never = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 3 * HOUR))
-    code, log = billing.rerun(never, 0)
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    page = metrics / "dlock_billing.prom"
+    assert billing.run(0, "--metrics-dir", str(metrics))[0] == 0  # this hour's slot, not the one rerun below
+    # A series from the first run on, at 0 (report.RESULTS): increase() over it is right from the start.
+    assert 'dlock_runs_total{job="billing",result="rerun_refused"} 0' in page.read_text(), page.read_text()
+    code, log = billing.rerun(never, 0, "--metrics-dir", str(metrics))
     assert (code, log["result"]) == (78, "rerun_refused")
+    assert 'dlock_runs_total{job="billing",result="rerun_refused"} 1' in page.read_text(), page.read_text()
     assert log["refused"].startswith("slot %s of billing has no marker on the backend" % never)
     assert "markers live 90m" in log["refused"]
     ahead = "billing@" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 2 * HOUR))
     code, log = billing.rerun(ahead, 0)
     assert (code, log["result"]) == (78, "rerun_refused") and "has not begun" in log["refused"]
-    assert lines(ledger) == []
+    assert len(lines(ledger)) == 1  # the first run's: no refused rerun ran the job
 
 
 def test_a_rerun_of_a_slot_held_by_a_run_is_locked(redis_server, unique_key, tmp_path):

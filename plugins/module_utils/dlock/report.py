@@ -40,7 +40,8 @@ METRICS = (
     ("dlock_lease_overrun_seconds", "gauge",
      "How far past its lease's earliest expiry the last run's job ran unsupervised (runner stopped or paused); 0: not at all."),
 )
-RESULTS = ("success", "failed", "skipped_locked", "skipped_duplicate", "lock_lost", "backend_error", "clock_unsafe")
+RESULTS = ("success", "failed", "skipped_locked", "skipped_duplicate", "lock_lost", "backend_error", "clock_unsafe",
+           "rerun_refused")
 _COUNTER_LINE = re.compile(r'^dlock_runs_total\{job="[^"]*",result="([a-z_]+)"\} (\d+)$')
 METRICS_LOCK_SECONDS = 2.0
 
