@@ -113,6 +113,7 @@ def test_bad_schedules_are_named_in_one_short_message(tmp_path):
 
 
 # -- the runner's guard against fences that go back (docs/backends.md, Switching backends) --
+ETCD3 = "etcd://dlock@10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/dlock"
 REDIS = "redis://dlock@10.0.0.5:6379/0"
 PG = "postgresql://dlock@10.0.0.6/dlock?sslmode=require"
 
@@ -164,10 +165,21 @@ def test_the_runner_refuses_a_switch_of_backend_without_a_higher_epoch(tmp_path,
     ({"backend": PG, "fence_epoch": 1}, "postgresql://dlock@10.0.0.6:5432/dlock", 1),  # default port, no options
     (None, PG, 0),                                                 # a fresh node
     ({"backend": "mysql://not-ours"}, PG, 0),                      # a file the runner would refuse: never ran
-], ids=["switch epoch+1", "higher epoch", "same backend", "same backend other options", "fresh", "invalid"])
+    ({"backend": ETCD3}, ETCD3.replace(":2379/dlock", ":2379,10.0.0.4:2379,10.0.0.5:2379/dlock"), 0),  # grown to 5 members
+    ({"backend": ETCD3}, ETCD3.replace("10.0.0.3", "10.0.0.9"), 0),  # a member replaced
+], ids=["switch epoch+1", "higher epoch", "same backend", "same backend other options", "fresh", "invalid",
+        "etcd grown", "etcd member replaced"])
 def test_the_runner_accepts_fences_that_go_forward(tmp_path, installed, url, epoch):
     code, out, _results = runner_guard(tmp_path, installed, url, epoch)
     assert code == 0, out
+
+
+def test_the_runner_refuses_the_same_epoch_on_another_etcd_cluster(tmp_path):
+    """Another cluster shares no member with the installed one: its
+    revisions are its own, from 1."""
+    other = ETCD3.replace("10.0.0.1", "10.0.1.1").replace("10.0.0.2", "10.0.1.2").replace("10.0.0.3", "10.0.1.3")
+    code, out, _results = runner_guard(tmp_path, {"backend": ETCD3}, other, 0)
+    assert code == 2 and "Set dlock_fence_epoch: 1" in out, out
 
 
 def test_the_runner_refuses_a_lower_epoch_on_the_same_backend(tmp_path):

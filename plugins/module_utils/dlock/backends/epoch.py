@@ -85,21 +85,34 @@ DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "postgresql": 5432, "postgresql+
 
 
 def backend_identity(url):
-    """What makes two URLs the same fence counters: the scheme, the hosts
-    (a set: their order is only the order libpq or etcd tries them in; names
-    compared without case) and the database (Redis: its number, 0 when the
-    URL names none), key prefix (etcd) or directory (file). Not the user,
-    the password or the query's options: the same server, reached another
-    way, still counts on. redis:// and rediss:// differ, as every scheme
-    does: a false difference only asks for an epoch one higher, which is
-    always safe."""
+    """What makes two URLs the same fence counters (same_backend): the
+    scheme, the hosts (names compared without case, the default port filled
+    in) and the database (Redis: its number, 0 when the URL names none), key
+    prefix (etcd) or directory (file). Not the user, the password or the
+    query's options: the same server, reached another way, still counts on.
+    redis:// and rediss:// differ, as every scheme does: a false difference
+    only asks for an epoch one higher, which is always safe."""
     parts = validate.backend_url(url, "backend")
     path = parts.path
     if parts.scheme in ("redis", "rediss"):
         path = path.strip("/") or "0"
     default_port = DEFAULT_PORTS.get(parts.scheme)
-    hosts = sorted(set((host.lower(), port or default_port) for host, port in parts.hosts))
-    return parts.scheme, tuple(hosts), path
+    hosts = frozenset((host.lower(), port or default_port) for host, port in parts.hosts)
+    return parts.scheme, hosts, path
+
+
+def same_backend(old_url, new_url):
+    """Whether NEW_URL still reaches the fence counters of OLD_URL: the same
+    scheme and database, and hosts in common. A cluster whose URL names its
+    members (etcd, a Patroni cluster's multi-host URL) keeps its counters
+    through a change of members, which the README's procedures make one or
+    two at a time: grown from 3 to 5, or a member replaced, it shares hosts
+    with the URL before. (A cluster rebuilt on the same hosts looks the same
+    and is not caught here: docs/backends.md.)"""
+    old_scheme, old_hosts, old_path = backend_identity(old_url)
+    new_scheme, new_hosts, new_path = backend_identity(new_url)
+    shared = bool(old_hosts & new_hosts) or not (old_hosts or new_hosts)  # file:// names no host
+    return (old_scheme, old_path) == (new_scheme, new_path) and shared
 
 
 def switch_problems(installed, where, url, epoch):
@@ -115,13 +128,13 @@ def switch_problems(installed, where, url, epoch):
     try:
         config = validate.parse_json(installed)
         old_url = config["backend"]
-        old_identity = backend_identity(old_url)
+        backend_identity(old_url)  # a valid URL, else the file was never the runner's
         old_epoch = fence_epoch(config.get("fence_epoch", 0))
     except (ValueError, TypeError, KeyError, AttributeError, ConfigError):
         return []
     epoch = fence_epoch(epoch)
     procedure = "the procedure: docs/backends.md, Switching backends. Nothing was changed."
-    if old_identity != backend_identity(url):
+    if not same_backend(old_url, url):
         if epoch > old_epoch:
             return []
         return ["dlock_runner: %s uses the backend %s with fence_epoch %d, and this rollout switches it to %s with "
