@@ -70,11 +70,15 @@ def _state(text):
     return state if sane else {}
 
 
+def _live_markers(state, now):
+    """The markers of state whose expiry has not passed at `now`: {"N":
+    [value, expiry]}, the lists state's own (changed in place)."""
+    return dict((number, entry) for number, entry in (state.get("markers") or {}).items() if entry[1] > now)
+
+
 def _marker(state, slot):
-    """The live marker of slot in state, [value, expiry] (a list of state:
-    changed in place), or None."""
-    entry = (state.get("markers") or {}).get(str(slot.number))
-    return entry if entry is not None and entry[1] > time.time() else None
+    """The live marker of slot in state, [value, expiry], or None."""
+    return _live_markers(state, time.time()).get(str(slot.number))
 
 
 class FileBackend(Backend):
@@ -193,7 +197,7 @@ class FileBackend(Backend):
             _marker(state, slot)[0] = owner  # its expiry kept
         elif slot is not None:
             now = time.time()
-            live = dict((number, entry) for number, entry in (state.get("markers") or {}).items() if entry[1] > now)
+            live = _live_markers(state, now)
             live[str(slot.number)] = [owner, now + slot.marker_ttl]
             state.update(slot=slot.number, markers=live)
         self._write_state(key, state, durable=True)
