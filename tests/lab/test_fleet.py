@@ -350,11 +350,15 @@ def every_slot_ran_exactly_once(lab, started):
     assert len({r["host"] for r in runs}) > 1, "one node won every slot: randomized delay not exercised"
     # The other nodes skipped each slot (exit 74) rather than failing.
     for node in lab.group("dlock_nodes"):
-        log = lab.ssh(node, "journalctl -u dlock-fleet-ledger --since @%d -o cat --no-pager | grep '^{'" % since,
-                      check=False).stdout
-        others = [line for line in log.splitlines()
-                  if json.loads(line)["result"] not in ("success", "skipped_duplicate", "skipped_locked")]
-        assert not others, "%s: %s" % (node, "\n".join(others))
+        others = [record for record in run_records(lab, node, LEDGER_JOB["name"], since)
+                  if record["result"] not in ("success", "skipped_duplicate", "skipped_locked")]
+        assert not others, "%s: %s" % (node, "\n".join(json.dumps(record) for record in others))
+
+
+def run_records(lab, node, job, since):
+    """The runner's log lines of JOB on NODE since SINCE (JSON, one per run)."""
+    log = lab.ssh(node, "journalctl -u dlock-%s --since @%d -o cat --no-pager" % (job, since), check=True).stdout
+    return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
 
 
 DRAIN_PROBE = {"name": "drain-probe", "command": ["/bin/sleep", "8"], "schedule": "yearly"}
@@ -390,10 +394,8 @@ def test_a_backend_switch_drains_every_node_first(lab, provisioned):
         time.sleep(0.2)
     drained = ansible_playbook(lab, "playbooks/drain.yml", {})
     assert _job_state(lab, node, "drain-probe") == "inactive", "the drain ended before the run it had to wait for"
-    log = lab.ssh(node, "journalctl -u dlock-drain-probe --since @%d -o cat --no-pager | grep '^{'" % since,
-                  check=True).stdout
-    [on_redis] = [json.loads(line) for line in log.splitlines()]
-    assert on_redis["result"] == "success", log  # waited for, not killed
+    [on_redis] = run_records(lab, node, DRAIN_PROBE["name"], since)
+    assert on_redis["result"] == "success", on_redis  # waited for, not killed
     assert re.search(r"changed=[1-9]", drained.stdout), drained.stdout[-2000:]
     for each in lab.group("dlock_nodes"):
         assert _timers(lab, each, "active") == [], "%s: timers still running after the drain" % each
@@ -404,10 +406,8 @@ def test_a_backend_switch_drains_every_node_first(lab, provisioned):
         assert "dlock-sample.timer" in _timers(lab, each, "active"), each
     since = time.time()
     lab.ssh(node, "systemctl start dlock-drain-probe.service", check=True)  # returns when the run has ended
-    log = lab.ssh(node, "journalctl -u dlock-drain-probe --since @%d -o cat --no-pager | grep '^{'" % since,
-                  check=True).stdout
-    [on_postgresql] = [json.loads(line) for line in log.splitlines()]
-    assert on_postgresql["result"] == "success", log
+    [on_postgresql] = run_records(lab, node, DRAIN_PROBE["name"], since)
+    assert on_postgresql["result"] == "success", on_postgresql
     assert on_postgresql["fence"] > on_redis["fence"], (on_redis["fence"], on_postgresql["fence"])
     jobs(lab, [{"name": DRAIN_PROBE["name"], "state": "absent"}])
 
