@@ -2,7 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters the templates put around every user-supplied value: the second
 wall after the preflight checks. Each refuses what could start a new line
-in its format, and escapes what the format would otherwise interpret."""
+in its format, and escapes what the format would otherwise interpret.
+dlock_pg_address and dlock_conf_line apply a role variable's rule
+(plugins/plugin_utils/role_rules/) again where the value is rendered."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
+from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules.chrony import conf_line
+from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules.postgresql import pg_client
 
 # One token of a line-oriented format (redis.conf, chrony.conf, pg_hba.conf):
 # no white space, no quote, no comment sign, no backslash.
@@ -67,6 +71,27 @@ def dlock_seconds(value, what="duration"):
         raise AnsibleFilterError(str(exc))
 
 
+def dlock_pg_address(value, what="address"):
+    """pg_hba's address column: the canonical CIDR of an address or network
+    (a bare address becomes /32 or /128), or a host name; never a keyword.
+    The dlock_postgresql role's rule for dlock_postgresql_clients."""
+    try:
+        return pg_client(value, what)
+    except ConfigError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
+def dlock_conf_line(value, what="line"):
+    """One whole line of a line-oriented configuration file: a string
+    without any control character (so without a line break)."""
+    if not isinstance(value, str):
+        raise AnsibleFilterError("%s: %s must be a string" % (what, validate.shown(value)))
+    try:
+        return conf_line(value, what)
+    except ConfigError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -74,4 +99,6 @@ class FilterModule(object):
             "dlock_conf_token": dlock_conf_token,
             "dlock_pg_string": dlock_pg_string,
             "dlock_seconds": dlock_seconds,
+            "dlock_pg_address": dlock_pg_address,
+            "dlock_conf_line": dlock_conf_line,
         }

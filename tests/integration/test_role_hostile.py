@@ -613,7 +613,7 @@ def test_good_settings_get_through(tmp_path, fact_cache):
 
 def test_case_count():
     """At least 150 hostile cases, and every variable of every role has one."""
-    from ansible_collections.dlock.fleet.plugins.filter.dlock_role_vars import TABLES
+    from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules.check import TABLES
     assert len(CASES) >= 150
     covered = set(field for _role, field, _variables in CASES)
     missing = sorted(name for table in TABLES.values() for name in table if name not in covered)

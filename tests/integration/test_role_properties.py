@@ -41,7 +41,10 @@ import servers
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from ansible_collections.dlock.fleet.plugins.filter import dlock_render
-from ansible_collections.dlock.fleet.plugins.filter import dlock_role_vars as role_vars
+from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules import chrony, metrics, postgresql
+from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules import redis as redis_rules
+from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules import runner as runner_rules
+from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules.check import role_problems
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 
@@ -84,8 +87,8 @@ RENDER_FILTERS = {
     "dlock_unit_value": dlock_render.dlock_unit_value,
     "dlock_conf_token": dlock_render.dlock_conf_token,
     "dlock_pg_string": dlock_render.dlock_pg_string,
-    "dlock_pg_address": role_vars.dlock_pg_address,
-    "dlock_conf_line": role_vars.dlock_conf_line,
+    "dlock_pg_address": dlock_render.dlock_pg_address,
+    "dlock_conf_line": dlock_render.dlock_conf_line,
     "dlock_seconds": dlock_render.dlock_seconds,
 }
 
@@ -142,14 +145,14 @@ LIST_VARIABLES = sorted((role, name) for role, values in GOOD.items() for name, 
 
 def test_the_good_settings_are_good():
     for role, values in GOOD.items():
-        assert role_vars.role_problems(values, role) == [], role
+        assert role_problems(values, role) == [], role
 
 
 @pytest.mark.parametrize("role, name", STRING_VARIABLES)
 @settings(max_examples=30, deadline=None)
 @given(value=with_control())
 def test_every_string_role_variable_refuses_control_characters(role, name, value):
-    problems = role_vars.role_problems(dict(GOOD[role], **{name: value}), role)
+    problems = role_problems(dict(GOOD[role], **{name: value}), role)
     assert problems and any(p.startswith(name) for p in problems), problems
     if name.endswith("password"):
         assert not any(value in p for p in problems)
@@ -160,7 +163,7 @@ def test_every_string_role_variable_refuses_control_characters(role, name, value
 @given(value=with_control())
 def test_every_list_role_variable_refuses_control_characters_and_strings(role, name, value):
     for bad in ([value], value):  # in an item, and a string where the list belongs
-        problems = role_vars.role_problems(dict(GOOD[role], **{name: bad}), role)
+        problems = role_problems(dict(GOOD[role], **{name: bad}), role)
         assert problems and any(p.startswith(name) for p in problems), problems
 
 
@@ -172,7 +175,7 @@ def test_a_password_is_never_in_a_message(value):
                        ("dlock_postgresql", "dlock_postgresql_ha_replication_password"),
                        ("dlock_postgresql", "dlock_postgresql_ha_restapi_password"),
                        ("dlock_runner", "dlock_runner_backend_password")):
-        for problem in role_vars.role_problems(dict(GOOD[role], **{name: value}), role):
+        for problem in role_problems(dict(GOOD[role], **{name: value}), role):
             assert value not in problem and value.strip()[:12] not in problem
 
 
@@ -192,7 +195,7 @@ BACKENDS = st.sampled_from(["redis://dlock@db1:6379/0", "redis://db1/1", "postgr
 @FAST
 @given(epoch=st.one_of(EPOCHS, EPOCHS.map(str)), counter=COUNTERS)
 def test_every_epoch_the_runner_accepts_keeps_its_fences_exact_for_json(epoch, counter):
-    assert role_vars.role_problems(dict(GOOD["dlock_runner"], dlock_runner_fence_epoch=epoch), "dlock_runner") == []
+    assert role_problems(dict(GOOD["dlock_runner"], dlock_runner_fence_epoch=epoch), "dlock_runner") == []
     fence = validate.fence_epoch(epoch) * 2 ** 40 + counter
     assert fence < 2 ** 53 and float(fence) == fence
 
@@ -201,7 +204,7 @@ def test_every_epoch_the_runner_accepts_keeps_its_fences_exact_for_json(epoch, c
 @given(epoch=st.one_of(st.integers(max_value=-1), st.integers(min_value=validate.MAX_FENCE_EPOCH + 1),
                        st.floats(), st.booleans(), st.text().filter(lambda t: not re.fullmatch(r"[0-9]{1,7}", t))))
 def test_every_epoch_out_of_bounds_or_of_another_type_is_refused_by_the_runners_check(epoch):
-    problems = role_vars.role_problems(dict(GOOD["dlock_runner"], dlock_runner_fence_epoch=epoch), "dlock_runner")
+    problems = role_problems(dict(GOOD["dlock_runner"], dlock_runner_fence_epoch=epoch), "dlock_runner")
     assert problems and all(p.startswith("dlock_runner_fence_epoch: ") for p in problems), problems
 
 
@@ -213,7 +216,7 @@ def test_the_guard_lets_through_exactly_the_changes_whose_fences_go_forward(old,
     then hands out is above that one: another backend counts from 1 again,
     the same one goes on from c1."""
     installed = '{"backend": "%s", "fence_epoch": %d}' % (old, e1)
-    accepted = role_vars.dlock_fence_switch_problems(installed, "/etc/dlock/dlock.json", new, e2) == []
+    accepted = runner_rules.fence_switch_problems(installed, "/etc/dlock/dlock.json", new, e2) == []
     same = old == new or {old, new} == set(GROWN)
     first_new = e2 * 2 ** 40 + (c1 + 1 if same else 1)
     assert accepted == (first_new > e1 * 2 ** 40 + c1), (old, new, e1, e2)
@@ -225,7 +228,7 @@ SEGMENT = st.from_regex(r"[A-Za-z0-9_,:+@=~-][A-Za-z0-9_.,:+@=~-]{0,15}", fullma
 PATHS = st.lists(SEGMENT, min_size=0, max_size=6).map(lambda parts: "/" + "/".join(parts))
 LABEL = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True)
 HOSTNAMES = st.lists(LABEL, min_size=1, max_size=4).map(".".join).filter(
-    lambda h: not h.replace(".", "").isdigit() and h.lower() not in role_vars.PG_HBA_KEYWORDS)
+    lambda h: not h.replace(".", "").isdigit() and h.lower() not in postgresql.PG_HBA_KEYWORDS)
 ADDRESSES = st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)).map(str)
 
 
@@ -248,7 +251,7 @@ def test_accepted_networks_are_canonical_and_round_trip(value):
     canonical = validate.network(value, "f")
     assert validate.network(canonical, "f") == canonical
     assert ipaddress.ip_network(canonical) == ipaddress.ip_network(value)
-    assert role_vars.dlock_pg_address(value) == canonical
+    assert dlock_render.dlock_pg_address(value) == canonical
 
 
 @FAST
@@ -288,12 +291,12 @@ def test_ports_as_digit_strings_are_ports(number):
 
 
 # -- the templates, rendered by Ansible, read by the real servers -------------
-REDIS_USER = st.from_regex(role_vars.REDIS_USER, fullmatch=True).filter(lambda u: u != "default")
+REDIS_USER = st.from_regex(redis_rules.REDIS_USER, fullmatch=True).filter(lambda u: u != "default")
 # Passwords: any characters but white space and control characters, 16+.
 PASSWORD = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp"),
                                  blacklist_characters="\x85\u180e\u200b\ufeff"), min_size=16, max_size=40).filter(
     lambda p: re.fullmatch(r"\S+", p))
-MEMORY = st.one_of(st.just(""), st.integers(0, role_vars.MAX_MEMORY),
+MEMORY = st.one_of(st.just(""), st.integers(0, redis_rules.MAX_MEMORY),
                    st.tuples(st.integers(0, 10 ** 6), st.sampled_from(["", "b", "k", "KB", "m", "mb", "g", "Gb"]))
                    .map(lambda t: "%d%s" % t))
 
@@ -354,7 +357,7 @@ def _start_redis(conf_dir, conf):
 @given(values=redis_settings())
 def test_every_accepted_redis_setting_renders_a_config_redis_starts_with(render, values):
     import redis
-    assert role_vars.role_problems(values, "dlock_redis") == []
+    assert role_problems(values, "dlock_redis") == []
     text = render("dlock_redis", "dlock.conf.j2", dict(values, __dlock_redis_platform={"config": "/etc/redis.conf"}))
     with tempfile.TemporaryDirectory(prefix="dlock-redis-prop-") as tmp:
         conf = os.path.join(tmp, "dlock.conf")
@@ -374,7 +377,7 @@ def test_every_accepted_redis_setting_renders_a_config_redis_starts_with(render,
             assert config["appendfsync"] == values["dlock_redis_appendfsync"]
             assert (config["maxmemory-policy"], config["appendonly"]) == ("noeviction", "yes")
             if values["dlock_redis_maxmemory"] != "":
-                assert int(config["maxmemory"]) == role_vars.redis_memory_bytes(values["dlock_redis_maxmemory"])
+                assert int(config["maxmemory"]) == redis_rules.redis_memory_bytes(values["dlock_redis_maxmemory"])
             users = {"default", values["dlock_redis_user"], "dlock-test-probe"}
             if values["dlock_redis_admin_password"]:
                 users.add(values["dlock_redis_admin_user"])
@@ -396,8 +399,8 @@ def test_every_accepted_redis_setting_renders_a_config_redis_starts_with(render,
             proc.wait(10)
 
 
-PG_NAME = st.from_regex(role_vars.SQL_NAME, fullmatch=True).filter(
-    lambda n: n not in role_vars.PG_HBA_NAME_KEYWORDS)
+PG_NAME = st.from_regex(postgresql.SQL_NAME, fullmatch=True).filter(
+    lambda n: n not in postgresql.PG_HBA_NAME_KEYWORDS)
 PG_USER = PG_NAME.filter(lambda n: n not in ("postgres", "public") and not n.startswith("pg_"))
 CLIENTS = st.lists(st.one_of(ADDRESSES, networks(), HOSTNAMES), min_size=1, max_size=6)
 
@@ -432,7 +435,7 @@ def test_every_accepted_pg_client_list_loads_with_only_the_intended_rules(render
     server, conn = pg_hba_server
     values = dict(GOOD["dlock_postgresql"], dlock_postgresql_clients=clients, dlock_postgresql_database=database,
                   dlock_postgresql_user=user)
-    assert role_vars.role_problems(values, "dlock_postgresql") == []
+    assert role_problems(values, "dlock_postgresql") == []
     text = render("dlock_postgresql", "pg_hba.conf.j2", values)
     with open(os.path.join(server.data, "pg_hba.conf"), "w") as handle:
         handle.write(text)
@@ -463,7 +466,7 @@ def test_every_accepted_pg_setting_renders_a_conf_postgres_reads(render, pg_hba_
     server, conn = pg_hba_server
     values = dict(GOOD["dlock_postgresql"], dlock_postgresql_listen_addresses=addresses,
                   dlock_postgresql_tcp_user_timeout=timeout)
-    assert role_vars.role_problems(values, "dlock_postgresql") == []
+    assert role_problems(values, "dlock_postgresql") == []
     text = render("dlock_postgresql", "dlock.conf.j2", values)
     path = os.path.join(server.dir, "dlock-test.conf")
     with open(path, "w") as handle:
@@ -514,12 +517,12 @@ def source_options(draw):
     for _index in range(draw(st.integers(0, 4))):
         kind = draw(st.sampled_from(["flag", "integer", "number"]))
         if kind == "flag":
-            words.append(draw(st.sampled_from(role_vars.CHRONY_FLAGS)))
+            words.append(draw(st.sampled_from(chrony.CHRONY_FLAGS)))
         elif kind == "integer":
-            name = draw(st.sampled_from(sorted(role_vars.CHRONY_INTEGER_OPTIONS)))
-            words += [name, str(draw(st.integers(*role_vars.CHRONY_INTEGER_OPTIONS[name])))]
+            name = draw(st.sampled_from(sorted(chrony.CHRONY_INTEGER_OPTIONS)))
+            words += [name, str(draw(st.integers(*chrony.CHRONY_INTEGER_OPTIONS[name])))]
         else:
-            words += [draw(st.sampled_from(role_vars.CHRONY_NUMBER_OPTIONS)),
+            words += [draw(st.sampled_from(chrony.CHRONY_NUMBER_OPTIONS)),
                       "%.3f" % draw(st.floats(0, 10, allow_nan=False, allow_infinity=False))]
     return " ".join(words)
 
@@ -553,7 +556,7 @@ def chrony_settings(draw):
 def test_every_accepted_chrony_setting_renders_a_config_chronyd_reads(render, values):
     """chronyd -p (parse the configuration, print it, exit) takes the file and
     reads exactly the intended lines."""
-    assert role_vars.role_problems(values, "dlock_chrony") == []
+    assert role_problems(values, "dlock_chrony") == []
     platform = {"driftfile": "/var/lib/chrony/chrony.drift", "logdir": "/var/log/chrony",
                 "keyfile": "/etc/chrony/chrony.keys"}
     text = render("dlock_chrony", "chrony.conf.j2", dict(values, __dlock_chrony_platform=platform))
@@ -583,7 +586,7 @@ def test_every_accepted_chrony_setting_renders_a_config_chronyd_reads(render, va
 USER_NAME = st.from_regex(r"[a-z_][a-z0-9_-]{0,20}", fullmatch=True).filter(lambda u: u != "root")
 EXPORTER_FLAGS = st.lists(st.from_regex(r"--[a-z0-9][a-z0-9._-]{0,20}(=[A-Za-z0-9_.,:/@+=~*-]{0,20})?",
                                         fullmatch=True).filter(
-    lambda f: f.split("=", 1)[0] not in role_vars.EXPORTER_OWN_FLAGS), max_size=4)
+    lambda f: f.split("=", 1)[0] not in metrics.EXPORTER_OWN_FLAGS), max_size=4)
 
 
 @st.composite
@@ -612,7 +615,7 @@ def metrics_settings(draw):
 def test_every_accepted_metrics_setting_renders_units_systemd_accepts(render, values):
     """The refresh units pass systemd-analyze verify with the intended lines;
     the node_exporter defaults file, read by a shell, gives the intended flags."""
-    assert role_vars.role_problems(values, "dlock_metrics") == []
+    assert role_problems(values, "dlock_metrics") == []
     variables = dict(values, __dlock_metrics_platform={"args_variable": "ARGS"},
                      __dlock_metrics_password={"stat": {"exists": True}},
                      __dlock_metrics_textfile=values["dlock_metrics_textfile_dir"] + "/dlock-lock-state.prom")

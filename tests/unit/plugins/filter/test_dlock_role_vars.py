@@ -13,8 +13,8 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from jinja2 import StrictUndefined
 
-from ansible_collections.dlock.fleet.plugins.filter.dlock_role_vars import (
-    TABLES, dlock_conf_line, dlock_pg_address, role_problems)
+from ansible_collections.dlock.fleet.plugins.filter.dlock_render import dlock_conf_line, dlock_pg_address
+from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules.check import TABLES, role_problems
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 
