@@ -197,6 +197,21 @@ def schedule_period(expression):
         return None
     if words[0].lower() in CALENDAR_SHORTHANDS:
         words = CALENDAR_SHORTHANDS[words[0].lower()].split() + words[1:]
+    dates = _firing_dates(words)
+    times = None if dates is None else _firing_times(words)
+    if times is None:
+        return None
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    days = _firing_days(*dates)
+    if len(days) > 1:  # from the last firing of one day to the first of the next
+        gaps.append(min(later - earlier for earlier, later in zip(days, days[1:])) * 86400 - (times[-1] - times[0]))
+    return float(min(gaps)) if gaps else None
+
+
+def _firing_dates(words):
+    """The weekdays and the (months, days) that the date words of an
+    expression allow, taken off the front of `words`: (weekdays, None) when
+    every day of every month is; None where it cannot be told."""
     weekdays = set(range(7))
     if words and words[0][:1].isalpha():
         weekdays = _weekdays(words.pop(0))
@@ -212,25 +227,28 @@ def schedule_period(expression):
             return None
         if (months, days) != (list(range(1, 13)), list(range(1, 32))):
             month_day = (months, days)
+    return weekdays, month_day
+
+
+def _firing_times(words):
+    """The sorted seconds of the day at which an expression fires, from the
+    time words left in `words` (a time zone last is dropped: the gaps stay
+    what the expression says); None where it cannot be told, or when other
+    words are left."""
     clock = ["00", "00", "00"]
     if words and ":" in words[0]:
         clock = words.pop(0).split(":") + ["00"]
         if len(clock) not in (3, 4):
             return None
     if words and words[-1][:1].isalpha():
-        words.pop()  # a time zone: the gaps stay what the expression says
+        words.pop()
     if words:
         return None
     hours, minutes, seconds = (_calendar_values(clock[0], 0, 23), _calendar_values(clock[1], 0, 59),
                                _calendar_values(clock[2], 0, 59))
     if hours is None or minutes is None or seconds is None:
         return None
-    times = sorted(h * 3600 + m * 60 + s for h in hours for m in minutes for s in seconds)
-    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
-    days = _firing_days(weekdays, month_day)
-    if len(days) > 1:  # from the last firing of one day to the first of the next
-        gaps.append(min(later - earlier for earlier, later in zip(days, days[1:])) * 86400 - (times[-1] - times[0]))
-    return float(min(gaps)) if gaps else None
+    return sorted(h * 3600 + m * 60 + s for h in hours for m in minutes for s in seconds)
 
 
 def _check_period(job, where, lock_options, schedule):
