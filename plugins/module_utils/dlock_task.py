@@ -23,7 +23,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import format_duration
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, ConfigError, MissingDriver
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import MIN_TTL, check_backend_ttl
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.runner import new_owner
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.owner import new_owner
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.waiting import acquire as wait_in_line
 
 

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from ansible_cli import BIN, ROOT, build_collection, galaxy_env, install_collection
 
-from ansible_collections.dlock.fleet.plugins.action import dlock as action
+from ansible_collections.dlock.fleet.plugins.plugin_utils import dlock_backend_options
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import role_readmes  # noqa: E402
@@ -195,7 +195,7 @@ def test_site_credentials_are_beside_the_inventory():
     assert site.count("lookup('ansible.builtin.password'") + site.count("query('ansible.builtin.password'") == 3
     assert "'/dlock-patroni-'" in site and "'.password'" in site
     assert site.count('dest: "{{ __dlock_site_credentials }}/dlock-backend.json"') == 1
-    assert (action.RECORD_DIR, action.RECORD_NAME) == ("credentials", "dlock-backend.json")
+    assert (dlock_backend_options.RECORD_DIR, dlock_backend_options.RECORD_NAME) == ("credentials", "dlock-backend.json")
 
 
 def test_generated_passwords_stay_out_of_the_tarball_and_git(release):

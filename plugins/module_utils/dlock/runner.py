@@ -6,7 +6,6 @@ watches the LeaseDeadline, max_runtime and signals -> release (owner-checked,
 min_hold kept) -> one log line and the metrics.
 """
 
-import binascii
 import os
 import signal
 import time
@@ -17,24 +16,13 @@ from .child import Child, drain, exit_status
 from .deadline import LeaseDeadline, now
 from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError
 from .heartbeat import Heartbeat
+from .owner import hostname, new_owner
 from .slots import boundary, marker_ttl, run_id, slot_number
 from .validate import format_duration, shown
 from .waiting import acquire as acquire_waiting
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_MAX_RUNTIME = 124  # as timeout(1): the job was stopped for running too long
-
-
-def hostname():
-    """socket.gethostname() without importing socket (~1.5ms a start): on
-    Linux gethostname(2) is the node name of uname(2)."""
-    return os.uname().nodename
-
-
-def new_owner(prefix=None):
-    """Owner token: who holds it (for humans) plus 96 random bits (for safety)."""
-    # os.urandom is what secrets uses; importing secrets costs every run ~5ms.
-    return "%s:%d:%s" % (prefix or hostname(), os.getpid(), binascii.hexlify(os.urandom(12)).decode())
 
 
 def acquire(backend, key, owner, options, slot):

@@ -48,7 +48,7 @@ def run_id(job, slot, width, fence):
 # that owner. Only DONE ends the slot for good: any other marker may be
 # rerun (`dlock run --rerun`), a grant that sets the marker to its own owner.
 # The prefixes end in a space, which no owner token starts with: a runner's
-# begins with its host name (runner.new_owner), and a host named "done"
+# begins with its host name (owner.new_owner), and a host named "done"
 # would make "done:" ambiguous (its bare owner would read as a success).
 DONE = "done "
 FAILED = "failed "

@@ -19,6 +19,9 @@ from ansible.template import Templar
 
 from ansible_collections.dlock.fleet.plugins.action import dlock as action
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError, ConfigError
+from ansible_collections.dlock.fleet.plugins.plugin_utils import dlock_backend_options as backend_options
+from ansible_collections.dlock.fleet.plugins.plugin_utils import dlock_hold_process as hold_process
+from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_run_owner import run_owner
 
 URL = "redis://10.0.0.5:6379/0"
 OTHER = "node2:200:bbbb"
@@ -49,15 +52,15 @@ def run_task(args, task_vars=None, **kwargs):
 
 # -- inventory defaults -----------------------------------------------------------------
 def test_backend_defaults_come_from_dlock_backend():
-    merged = action.merge_backend({"key": "k", "op_timeout": 5},
-                                  {"url": URL, "password": "pw", "ca_file": "/ca.pem", "op_timeout": 1})
+    merged = backend_options.merge_backend({"key": "k", "op_timeout": 5},
+                                           {"url": URL, "password": "pw", "ca_file": "/ca.pem", "op_timeout": 1})
     assert merged == {"key": "k", "backend_url": URL, "backend_password": "pw", "ca_file": "/ca.pem", "op_timeout": 5}
-    assert action.merge_backend({}, URL) == {"backend_url": URL}
-    assert action.merge_backend({"key": "k"}, None) == {"key": "k"}
+    assert backend_options.merge_backend({}, URL) == {"backend_url": URL}
+    assert backend_options.merge_backend({"key": "k"}, None) == {"key": "k"}
 
 
 def test_a_password_file_on_the_task_replaces_the_inventory_password():
-    merged = action.merge_backend({"backend_password_file": "/pw"}, {"url": URL, "password": "pw"})
+    merged = backend_options.merge_backend({"backend_password_file": "/pw"}, {"url": URL, "password": "pw"})
     assert merged == {"backend_url": URL, "backend_password_file": "/pw"}
 
 
@@ -69,15 +72,15 @@ def test_a_password_file_on_the_task_replaces_the_inventory_password():
 ])
 def test_bad_dlock_backend_is_refused(value, words):
     with pytest.raises(ConfigError) as err:
-        action.merge_backend({}, value)
+        backend_options.merge_backend({}, value)
     assert words in str(err.value)
 
 
 # -- owner ------------------------------------------------------------------------------
 def test_one_owner_token_per_run(run_dir):
-    first = action.run_owner(str(run_dir))
+    first = run_owner(str(run_dir))
     assert re.match(r"^ansible@[^:]+:%d:[0-9a-f]{24}$" % os.getppid(), first)
-    assert action.run_owner(str(run_dir)) == first
+    assert run_owner(str(run_dir)) == first
     assert sorted(os.listdir(str(run_dir))) == ["dlock-owner"]
 
 
@@ -150,7 +153,7 @@ def test_run_on_target_executes_the_module_with_the_run_owner(fake_backend, monk
     assert kwargs["module_name"] == "dlock.fleet.dlock"
     assert kwargs["module_args"] == {"key": "k", "run_on": "target", "backend_url": URL,
                                      "backend_password_file": "/etc/dlock/pw",
-                                     "owner": action.run_owner(C.DEFAULT_LOCAL_TMP)}
+                                     "owner": run_owner(C.DEFAULT_LOCAL_TMP)}
     assert not fake_backend.calls
 
 
@@ -170,10 +173,10 @@ def fake_renewer(run_dir, key):
     """A process that looks like a renewer (dlock.hold in its command line) and its state file."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "dlock.hold", key])
     give_up = time.monotonic() + 10
-    while not action._is_renewer(proc.pid):  # until its exec() shows in /proc
+    while not hold_process.is_renewer(proc.pid):  # until its exec() shows in /proc
         assert time.monotonic() < give_up
         time.sleep(0.01)
-    hold = action.RunHold(str(run_dir), key)
+    hold = hold_process.RunHold(str(run_dir), key)
     with open(hold.state_file, "w") as handle:
         json.dump({"pid": proc.pid, "status": "holding", "key": key}, handle)
     return proc, hold
@@ -194,7 +197,7 @@ def test_release_stops_this_runs_renewer_first(fake_backend, run_dir):
 
 
 def test_a_lost_hold_is_reported_once(fake_backend, run_dir):
-    hold = action.RunHold(str(run_dir), "k")
+    hold = hold_process.RunHold(str(run_dir), "k")
     with open(hold.state_file, "w") as handle:
         json.dump({"pid": 1, "status": "lost", "error": "the lease is no longer ours (expired or broken)"}, handle)
     first = run_task({"key": "k", "backend_url": URL, "state": "released"})
@@ -225,11 +228,11 @@ def inventory_dir(tmp_path):
 
 
 def test_the_record_is_found_beside_the_first_backend_hosts_inventory(inventory_dir):
-    path, why = action.record_path(record_vars(inventory_dir))
+    path, why = backend_options.record_path(record_vars(inventory_dir))
     assert (path, why) == (str(inventory_dir / "credentials" / "dlock-backend.json"), None)
-    path, why = action.record_path({"groups": {"all": ["n1"]}, "hostvars": {}})
+    path, why = backend_options.record_path({"groups": {"all": ["n1"]}, "hostvars": {}})
     assert path is None and "no dlock_backend group" in why
-    path, why = action.record_path({"groups": {"dlock_backend": ["b1"]}, "hostvars": {"b1": {"inventory_dir": None}}})
+    path, why = backend_options.record_path({"groups": {"dlock_backend": ["b1"]}, "hostvars": {"b1": {"inventory_dir": None}}})
     assert path is None and "b1, the first host of dlock_backend, comes from no inventory file" in why
 
 
