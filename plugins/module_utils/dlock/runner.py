@@ -4,6 +4,10 @@ Order of a run: clock check -> acquire (skip, or wait in line: waiting.py) -> sp
 the job in its own process group -> heartbeat renews while the main loop
 watches the LeaseDeadline, max_runtime and signals -> release (owner-checked,
 min_hold kept) -> one log line and the metrics.
+
+Three parts: Runner, the run's lifecycle (backend, clock, grant, release);
+supervision.Supervisor, the job under the lease (spawn, heartbeat, the
+watch); RunReport, what the run tells (the log line and the metrics).
 """
 
 import binascii
