@@ -44,8 +44,8 @@ def acquire(backend, key, owner, options, slot):
 
 
 class RunReport(object):
-    """What a run tells: its log line's fields (`record`) and its job's
-    metrics (`gauges`), written once at its end and once at the grant."""
+    """What a run tells: its log line's fields (`record`), written at its
+    end, and its job's metrics (`gauges`), written at the grant and at the end."""
 
     def __init__(self, settings, owner, stderr=None):
         self.settings = settings
@@ -90,8 +90,8 @@ class Runner(object):
         self.owner = new_owner()
         self.report = RunReport(settings, self.owner, stderr)
         self.record = self.report.record
-        # The job's guard and process, started early (Child.prepare), or None:
-        # started at the grant.
+        # `job`: the job's guard and process, started early (Child.prepare),
+        # or None: the Supervisor starts them at the grant.
         self.supervisor = Supervisor(settings, self.report, job)
 
     def _exit(self, name):
