@@ -383,19 +383,7 @@ def _guard(cgroup, spec_r, life_r, report_w):
     so nothing of the runner's state (buffers, atexit) runs twice."""
     kept = []  # descriptors from the runner: closed only once nothing of the job is left
     try:
-        os.setsid()
-        prctl = _prctl()  # ctypes is imported here: forked before the runner has threads, while it works
-        if prctl is not None:
-            prctl(PR_SET_CHILD_SUBREAPER, 1)
-        wake_r, wake_w = os.pipe()
-        err_r, err_w = os.pipe()  # close-on-exec: the job's exec closes it
-        os.set_blocking(wake_r, False)
-        os.set_blocking(wake_w, False)
-        _close_inherited((spec_r, life_r, report_w, wake_r, wake_w, err_r, err_w))
-        signal.set_wakeup_fd(wake_w)
-        signal.signal(signal.SIGCHLD, _ignore)
-        for signum in IGNORED_BY_GUARD:
-            signal.signal(signum, _ignore)  # a handler, not SIG_IGN: exec resets it for the job
+        prctl, wake_r, err_r, err_w = _become_guard(spec_r, life_r, report_w)
         guard_pid = os.getpid()
         job_pid = os.fork()
         if job_pid == 0:
@@ -407,33 +395,69 @@ def _guard(cgroup, spec_r, life_r, report_w):
         os.close(err_w)
         said = _await_exec(err_r, life_r, kept)
         if said != "started":
-            os.kill(job_pid, signal.SIGKILL)  # not started: nothing of it may run
-            os.waitpid(job_pid, 0)
-            _close_all(kept)
-            if cgroup:
-                remove_cgroup(cgroup)
-            if said is not None and said.startswith("error "):
-                _send(report_w, said)
-            os._exit(0)
+            _not_started(job_pid, said, kept, cgroup, report_w)
         contained = "cgroup" if cgroup and _in_cgroup(job_pid, cgroup) else "guard"
         _send(report_w, "started %d %s" % (job_pid, contained))
-        status = _reap(job_pid)[1]  # it may have ended already
-        while status is None:
-            readable = select.select([life_r, wake_r], [], [])[0]
-            drain(wake_r)
-            status = _reap(job_pid)[1]
-            if life_r in readable and not _receive(life_r, kept):
-                break  # the runner is gone, or ended the run: kill everything
+        status = _await_job(job_pid, life_r, wake_r, kept)
         status, killed = _kill_tree(job_pid, cgroup, wake_r, status)
         # Nothing of the job is left: the lock may go now. Before the report,
         # so that the runner's release (after it) is the lock's last holder.
-        _close_all(kept)
-        if cgroup:
-            remove_cgroup(cgroup)
+        _let_go(kept, cgroup)
         _send(report_w, "exit %d %d" % (-1 if status is None else status, killed))
     except BaseException:  # the job dies with us (its PDEATHSIG); the runner kills the rest
         os._exit(1)
     os._exit(0)
+
+
+def _become_guard(spec_r, life_r, report_w):
+    """The guard's own session, its subreaper role, its pipes and its signal
+    handlers; (prctl, wake_r, err_r, err_w)."""
+    os.setsid()
+    prctl = _prctl()  # ctypes is imported here: forked before the runner has threads, while it works
+    if prctl is not None:
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+    wake_r, wake_w = os.pipe()
+    err_r, err_w = os.pipe()  # close-on-exec: the job's exec closes it
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    _close_inherited((spec_r, life_r, report_w, wake_r, wake_w, err_r, err_w))
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, _ignore)
+    for signum in IGNORED_BY_GUARD:
+        signal.signal(signum, _ignore)  # a handler, not SIG_IGN: exec resets it for the job
+    return prctl, wake_r, err_r, err_w
+
+
+def _not_started(job_pid, said, kept, cgroup, report_w):
+    """The job did not start (its exec failed, or it was dismissed): nothing
+    of it may run. Never returns."""
+    os.kill(job_pid, signal.SIGKILL)
+    os.waitpid(job_pid, 0)
+    _let_go(kept, cgroup)
+    if said is not None and said.startswith("error "):
+        _send(report_w, said)
+    os._exit(0)
+
+
+def _await_job(job_pid, life_r, wake_r, kept):
+    """The job's status once it ended, or None when the runner went away or
+    ended the run first (then everything is killed)."""
+    status = _reap(job_pid)[1]  # it may have ended already
+    while status is None:
+        readable = select.select([life_r, wake_r], [], [])[0]
+        drain(wake_r)
+        status = _reap(job_pid)[1]
+        if life_r in readable and not _receive(life_r, kept):
+            break  # the runner is gone, or ended the run: kill everything
+    return status
+
+
+def _let_go(kept, cgroup):
+    """The runner's descriptors (a lock) closed and the job's cgroup removed:
+    nothing of the job is left."""
+    _close_all(kept)
+    if cgroup:
+        remove_cgroup(cgroup)
 
 
 def _ignore(_signum, _frame):

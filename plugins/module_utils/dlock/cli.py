@@ -5,6 +5,7 @@ import sys
 
 from . import __version__
 from .errors import EXIT_CONFIG, ConfigError, DlockError
+from .options import LOCK_OPTIONS
 
 # Every command's modules (the backend drivers, argparse itself) are imported
 # by the command that needs them, when it runs: `dlock run` is started by
@@ -84,21 +85,12 @@ BACKEND_FLAGS = ("backend and files", (
 ))
 RUN_JOB = ("--job", {"required": True, "help": "job name (also the default lock key)"})
 RUN_LOCK_FLAGS = ("lock options (override the job file)", (
-    ("--key", {"help": "lock key (default: the job name)"}),
-    ("--ttl", {"metavar": "DUR", "help": "lease length on the backend (default 60s)"}),
-    ("--renew-every", {"metavar": "DUR", "help": "renewal interval (default ttl/3)"}),
-    ("--on-contention", {"choices": ("skip", "wait"), "help": "when the lock is busy (default skip)"}),
-    ("--wait-timeout", {"metavar": "DUR", "help": "with wait: give up after (default 5m)"}),
-    ("--min-hold", {"metavar": "DUR", "help": "keep the lock at least this long after start"}),
-    ("--once-per", {"metavar": "DUR", "help": "run at most once per slot of this width"}),
-    ("--max-runtime", {"metavar": "DUR", "help": "terminate the job after this long"}),
-    ("--kill-grace", {"metavar": "DUR", "help": "SIGTERM to SIGKILL delay (default min(10s, ttl/5))"}),
-    ("--max-clock-skew", {"metavar": "DUR", "help": "refuse beyond this offset (default min(2s, ttl/20))"}),
-    ("--op-timeout", {"metavar": "DUR", "help": "one backend call's bound (default min(2s, ttl/10))"}),
-    ("--fail-open", {"action": "store_const", "const": True,
-                     "help": "run WITHOUT a lock when the backend or clock fails (loud; default: fail closed)"}),
-))
+    (("--key", {"help": "lock key (default: the job name)"}),)
+    + tuple(("--" + option.name.replace("_", "-"), option.flag) for option in LOCK_OPTIONS if option.flag)))
 RUN_METRICS_DIR = ("--metrics-dir", {"metavar": "DIR", "help": "node_exporter textfile directory"})
+# The settings' flags (all but --job and --rerun's): what _flags passes on
+# to config.load_settings.
+SETTING_FLAGS = BACKEND_FLAGS[1] + RUN_LOCK_FLAGS[1] + (RUN_METRICS_DIR,)
 RUN_RERUN_FLAGS = ("re-running a failed slot", (
     ("--rerun", {"metavar": "SLOT", "help": "run the slot SLOT again (2026-11-27T05:00:00Z, or the run id "
                                             "JOB@2026-11-27T05:00:00Z) if its run did not succeed"}),
@@ -157,7 +149,7 @@ def _fast_run(argv):
                 value = next(tokens, None)
             if value is None or value.startswith("-") or value not in keywords.get("choices", (value,)):
                 return None
-        values[flag[2:].replace("-", "_")] = value
+        values[_name(flag)] = value
     return values if "job" in values else None
 
 
@@ -252,11 +244,13 @@ def build_parser(command=None):
 
 
 def _flags(values):
-    """The option values of a parsed command line (a dict), None where not given."""
-    names = ("config", "jobs_dir", "backend", "password_file", "ca_file", "key", "ttl", "renew_every",
-             "on_contention", "wait_timeout", "min_hold", "once_per", "max_runtime", "kill_grace",
-             "max_clock_skew", "op_timeout", "fail_open", "metrics_dir")
-    return dict((name, values.get(name)) for name in names)
+    """The settings of a parsed command line (a dict), None where not given."""
+    return dict((_name(flag), values.get(_name(flag))) for flag, _keywords in SETTING_FLAGS)
+
+
+def _name(flag):
+    """The setting a flag gives, as argparse names it: --max-runtime, max_runtime."""
+    return flag[2:].replace("-", "_")
 
 
 def main(argv=None):

@@ -18,6 +18,7 @@ CREDENTIAL_NAME = "dlock-backend"  # systemd LoadCredential= name of the passwor
 
 GLOBAL_KEYS = ("backend", "password_file", "ca_file", "fence_epoch", "jobs_dir", "metrics_dir", "defaults")
 GLOBAL_PATHS = ("password_file", "ca_file", "jobs_dir", "metrics_dir")
+PATH_FLAGS = ("jobs_dir", "password_file", "ca_file", "metrics_dir")  # checked in the order --help lists them
 JOB_KEYS = ("command", "key", "environment", "working_directory", "description") + OPTION_NAMES
 
 
@@ -104,6 +105,28 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     # ("of", "false") must not quietly leave the job's tree less contained.
     settings.cgroup = validate.choice(os.environ.get("DLOCK_CGROUP", "auto"), "DLOCK_CGROUP (environment)",
                                       CGROUP_MODES) == "auto"
+    global_cfg, where = _load_global(settings, flags)
+    defaults = global_cfg.get("defaults") or {}
+    settings.jobs_dir = flags.get("jobs_dir") or global_cfg.get("jobs_dir") or DEFAULT_JOBS_DIR
+    job_cfg = _load_job(settings, job, job_must_exist or (need_command and not command))
+    job_where = "job file %s" % settings.job_path
+    scheme = _load_backend(settings, flags, global_cfg, where)
+    if job is None:
+        settings.options = _lock_options(defaults, {}, flags, where, scheme)
+        settings.key = validate.lock_key(flags["key"], "--key") if flags.get("key") else None
+        return settings
+    settings.key = _job_key(flags, job_cfg, job, job_where)
+    settings.options = _lock_options(defaults, job_cfg, flags, job_where, scheme)
+    if "description" in job_cfg:
+        validate.text(job_cfg["description"], "%s: description" % job_where, allow_empty=True)
+    _load_rerun(settings, rerun, reason)
+    _load_job_run(settings, job_cfg, command, need_command, job_where)
+    return settings
+
+
+def _load_global(settings, flags):
+    """The global file (checked: its keys, its `defaults` each on its own,
+    its paths) and the path flags; (its content, how errors name it)."""
     explicit = flags.get("config") is not None
     settings.config_path = validate.path(flags.get("config") or DEFAULT_CONFIG, "--config")
     global_cfg = load_json(settings.config_path, "config", required=explicit)
@@ -116,35 +139,32 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     for name in GLOBAL_PATHS:
         if global_cfg.get(name) is not None:
             validate.path(global_cfg[name], "%s: %s" % (where, name))
-    for name in ("jobs_dir", "password_file", "ca_file", "metrics_dir"):
+    for name in PATH_FLAGS:
         if flags.get(name) is not None:
             validate.path(flags[name], "--" + name.replace("_", "-"))
+    return global_cfg, where
 
-    settings.jobs_dir = flags.get("jobs_dir") or global_cfg.get("jobs_dir") or DEFAULT_JOBS_DIR
-    job_cfg = {}
-    if job is not None:
-        settings.job = validate_job_name(job)
-        settings.job_path = os.path.join(settings.jobs_dir, job + ".json")
-        job_cfg = load_json(settings.job_path, "job file",
-                            required=job_must_exist or (need_command and not command))
-        _check_keys(job_cfg, JOB_KEYS, "job file %s" % settings.job_path)
-    job_where = "job file %s" % settings.job_path
 
+def _load_job(settings, job, required):
+    """The job file's content ({} with no job named, or none there and not `required`)."""
+    if job is None:
+        return {}
+    settings.job = validate_job_name(job)
+    settings.job_path = os.path.join(settings.jobs_dir, job + ".json")
+    job_cfg = load_json(settings.job_path, "job file", required=required)
+    _check_keys(job_cfg, JOB_KEYS, "job file %s" % settings.job_path)
+    return job_cfg
+
+
+def _load_backend(settings, flags, global_cfg, where):
+    """The backend's URL, password, CA file, metrics dir and fence epoch;
+    returns the URL's scheme, which the lock options' rules depend on."""
     if flags.get("backend"):
         parts = validate.backend_url(flags["backend"], "--backend")
     else:
         parts = validate.backend_url(global_cfg.get("backend"), "backend (--backend or %s)" % where)
     settings.backend_url = parts.url
-    # A flag wins; then the systemd credential (how job units running as any
-    # user get it); then the config's password_file (root at a terminal).
-    credentials = os.environ.get("CREDENTIALS_DIRECTORY")
-    credential = os.path.join(credentials, CREDENTIAL_NAME) if credentials else None
-    if flags.get("password_file"):
-        settings.password = read_secret(flags["password_file"], "--password-file")
-    elif credential and os.path.exists(credential):
-        settings.password = read_secret(credential, "systemd credential %s" % CREDENTIAL_NAME)
-    elif global_cfg.get("password_file"):
-        settings.password = read_secret(global_cfg["password_file"], where)
+    settings.password = _password(flags, global_cfg, where)
     settings.ca_file = flags.get("ca_file") or global_cfg.get("ca_file")
     if settings.ca_file:
         require_regular(settings.ca_file, "CA file")
@@ -153,28 +173,53 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     # for the whole node, as the backend is (no flag: a run given another
     # epoch than the fleet's would hand out fences out of order).
     settings.fence_epoch = validate.fence_epoch(global_cfg.get("fence_epoch", 0), "%s: fence_epoch" % where)
+    return parts.scheme
 
-    if job is None:
-        settings.options = LockOptions.from_mapping(_options_of(defaults, {}, flags), where, parts.scheme)
-        check_backend_ttl(settings.options.ttl, parts.scheme, "%s: ttl" % where)
-        settings.key = validate.lock_key(flags["key"], "--key") if flags.get("key") else None
-        return settings
 
+def _password(flags, global_cfg, where):
+    # A flag wins; then the systemd credential (how job units running as any
+    # user get it); then the config's password_file (root at a terminal).
+    credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+    credential = os.path.join(credentials, CREDENTIAL_NAME) if credentials else None
+    if flags.get("password_file"):
+        return read_secret(flags["password_file"], "--password-file")
+    if credential and os.path.exists(credential):
+        return read_secret(credential, "systemd credential %s" % CREDENTIAL_NAME)
+    if global_cfg.get("password_file"):
+        return read_secret(global_cfg["password_file"], where)
+    return None
+
+
+def _job_key(flags, job_cfg, job, job_where):
     if flags.get("key"):
-        settings.key = validate.lock_key(flags["key"], "--key")
-    elif job_cfg.get("key") is not None:
-        settings.key = validate.lock_key(job_cfg["key"], "%s: key" % job_where)
-    else:
-        settings.key = validate.lock_key(job, "key (the job name)")
-    settings.options = LockOptions.from_mapping(_options_of(defaults, job_cfg, flags), job_where, parts.scheme)
-    check_backend_ttl(settings.options.ttl, parts.scheme, "%s: ttl" % job_where)
-    if "description" in job_cfg:
-        validate.text(job_cfg["description"], "%s: description" % job_where, allow_empty=True)
-    if rerun is not None or reason is not None:
-        if rerun is None or reason is None:
-            raise ConfigError("--rerun and --reason go together: name the slot to run again, and say why")
-        settings.rerun = validate.rerun_slot(rerun, "--rerun", job, settings.options.once_per)
-        settings.reason = validate.reason(reason)
+        return validate.lock_key(flags["key"], "--key")
+    if job_cfg.get("key") is not None:
+        return validate.lock_key(job_cfg["key"], "%s: key" % job_where)
+    return validate.lock_key(job, "key (the job name)")
+
+
+def _lock_options(defaults, job_cfg, flags, where, scheme):
+    """The lock options: flags over the job file over the global `defaults`,
+    each parsed once and then checked together, under the backend's rules."""
+    merged = dict(defaults)
+    merged.update((k, v) for k, v in job_cfg.items() if k in OPTION_NAMES)
+    merged.update((k, v) for k, v in flags.items() if k in OPTION_NAMES and v is not None)
+    options = LockOptions.from_mapping(merged, where, scheme)
+    check_backend_ttl(options.ttl, scheme, "%s: ttl" % where)
+    return options
+
+
+def _load_rerun(settings, rerun, reason):
+    if rerun is None and reason is None:
+        return
+    if rerun is None or reason is None:
+        raise ConfigError("--rerun and --reason go together: name the slot to run again, and say why")
+    settings.rerun = validate.rerun_slot(rerun, "--rerun", settings.job, settings.options.once_per)
+    settings.reason = validate.reason(reason)
+
+
+def _load_job_run(settings, job_cfg, command, need_command, job_where):
+    """What the job runs: its command, environment and working directory."""
     settings.command = command or job_cfg.get("command")
     if need_command:
         if not settings.command:
@@ -189,11 +234,3 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
             # would name the command, not the directory.
             raise ConfigError("%s: working_directory %s: is not a directory the job can enter "
                               "(missing, a file, or out of reach)" % (job_where, wd))
-    return settings
-
-
-def _options_of(defaults, job_cfg, flags):
-    merged = dict(defaults)
-    merged.update((k, v) for k, v in job_cfg.items() if k in OPTION_NAMES)
-    merged.update((k, v) for k, v in flags.items() if k in OPTION_NAMES and v is not None)
-    return merged

@@ -74,7 +74,7 @@ def write_state(path, state):
 
 class Renewer(object):
     def __init__(self, settings, backend):
-        self.s = settings
+        self.settings = settings
         self.backend = backend
         self.key = settings["key"]
         self.owner = settings["owner"]
@@ -86,7 +86,7 @@ class Renewer(object):
 
     def save(self, **fields):
         self.state.update(fields, updated=time.time())
-        write_state(self.s["state_file"], self.state)
+        write_state(self.settings["state_file"], self.state)
 
     def start(self):
         """First renewal: the lease must still be ours. Returns the deadline."""
@@ -102,7 +102,7 @@ class Renewer(object):
     def hold(self, deadline):
         """Renew until the run ends; returns the outcome recorded in the state file."""
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        watched, started = self.s["pid"], process_start(self.s["pid"])
+        watched, started = self.settings["pid"], process_start(self.settings["pid"])
         heartbeat = Heartbeat(self.backend, self.key, self.owner, self.timing, deadline, self.wake_w)
         heartbeat.start()
         self.save(status="holding")
@@ -119,7 +119,7 @@ class Renewer(object):
                     return "lost", "not renewed before the lease could expire: %s" % heartbeat.last_error
                 # The pid first: the run dir is removed before the process exits.
                 alive = started is not None and process_start(watched) == started
-                if not os.path.isdir(self.s["run_dir"]):
+                if not os.path.isdir(self.settings["run_dir"]):
                     return "released", None
                 if not alive:
                     return "expiring", "ansible-playbook (pid %d) was killed; the lease expires within its ttl" % watched

@@ -12,12 +12,6 @@ from . import validate
 from .errors import EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, EXIT_DUPLICATE, EXIT_LOCK_LOST, EXIT_LOCKED, ConfigError
 from .validate import MAX_DURATION, format_duration
 
-DURATION_OPTIONS = (
-    "ttl", "renew_every", "wait_timeout", "min_hold", "once_per",
-    "max_runtime", "kill_grace", "max_clock_skew", "op_timeout",
-)
-OPTION_NAMES = DURATION_OPTIONS + ("on_contention", "fail_open", "exit_codes")
-
 # Names of the overridable exit codes (job option `exit_codes`).
 DEFAULT_EXIT_CODES = {
     "locked": EXIT_LOCKED,
@@ -35,21 +29,6 @@ MIN_TTL = 1.0
 # etcd's defaults): a ttl under 2s would promise a takeover after a crash
 # that etcd does not give.
 BACKEND_MIN_TTL = {"etcd": 2.0, "etcd+https": 2.0}
-# Bounds of each duration option: (minimum, must be above 0). Every one is at
-# most validate.MAX_DURATION (30 days).
-DURATION_BOUNDS = {
-    "ttl": (MIN_TTL, True),
-    "renew_every": (0.0, True),
-    "op_timeout": (0.0, True),
-    "kill_grace": (0.0, False),
-    "wait_timeout": (0.0, False),
-    "min_hold": (0.0, False),
-    "once_per": (1.0, True),
-    "max_runtime": (0.0, True),
-    "max_clock_skew": (0.0, False),
-}
-
-
 # Backends whose server counts a lease's TTL on its wall clock: Redis
 # (PEXPIRE) and PostgreSQL's lease table (expires_at against
 # clock_timestamp()). A step of that clock moves every live lease's expiry.
@@ -100,31 +79,111 @@ def check_exit_codes(codes, field):
     return codes
 
 
-class LockOptions(object):
-    """Validated lock options, all durations in seconds (None = not set)."""
+CONTENTION_MODES = ("skip", "wait")
 
-    def __init__(self, ttl=60.0, renew_every=None, on_contention="skip", wait_timeout=None,
-                 min_hold=0.0, once_per=None, max_runtime=None, kill_grace=None,
-                 max_clock_skew=None, op_timeout=None, fail_open=False, exit_codes=None, scheme=None):
-        self.ttl = ttl
-        # Derived defaults keep short TTLs valid without extra settings, on
-        # every backend (with the 2 x max_clock_skew of a wall-clock backend:
-        # 1/3 + 1/5 + 1/10 + 2/20 of the ttl, plus the 2% margin).
-        self.renew_every = renew_every if renew_every is not None else ttl / 3
-        self.kill_grace = kill_grace if kill_grace is not None else min(10.0, ttl / 5)
-        self.op_timeout = op_timeout if op_timeout is not None else min(2.0, ttl / 10)
-        self.max_clock_skew = max_clock_skew if max_clock_skew is not None else min(2.0, ttl / 20)
-        # The backend's URL scheme, None when not known: see counts_on_wall_clock().
+
+class Option(object):
+    """One lock option, as every source gives it: a flag of `dlock run`, a
+    job file, the global file's `defaults` (and the roles, through
+    LockOptions). `parse(raw, field)` checks a raw value on its own and
+    returns it parsed; `default` is its value when not set (a function of
+    the ttl for the derived ones); `flag`, the argparse keywords of its flag,
+    None for an option the files alone set."""
+
+    def __init__(self, name, parse, default, flag=None):
+        self.name = name
+        self.parse = parse
+        self.default = default
+        self.flag = flag
+
+    def default_for(self, ttl):
+        return self.default(ttl) if callable(self.default) else self.default
+
+
+class DurationOption(Option):
+    """A duration, in seconds: at least `minimum`, above 0 if `positive`, at
+    most validate.MAX_DURATION (30 days)."""
+
+    def __init__(self, name, minimum, positive, default, flag):
+        Option.__init__(self, name, self._parse, default, flag)
+        self.minimum = minimum
+        self.positive = positive
+
+    def _parse(self, raw, field):
+        return validate.duration(raw, field, self.minimum, MAX_DURATION, self.positive)
+
+
+def _contention(raw, field):
+    return validate.choice(raw, field, CONTENTION_MODES)
+
+
+# Every lock option, the one list of them, in the order `dlock run --help`
+# shows their flags. Derived defaults keep short TTLs valid without extra
+# settings, on every backend (with the 2 x max_clock_skew of a wall-clock
+# backend: 1/3 + 1/5 + 1/10 + 2/20 of the ttl, plus the 2% margin).
+LOCK_OPTIONS = (
+    DurationOption("ttl", MIN_TTL, True, 60.0,
+                   {"metavar": "DUR", "help": "lease length on the backend (default 60s)"}),
+    DurationOption("renew_every", 0.0, True, lambda ttl: ttl / 3,
+                   {"metavar": "DUR", "help": "renewal interval (default ttl/3)"}),
+    Option("on_contention", _contention, "skip",
+           {"choices": CONTENTION_MODES, "help": "when the lock is busy (default skip)"}),
+    DurationOption("wait_timeout", 0.0, False, 300.0,
+                   {"metavar": "DUR", "help": "with wait: give up after (default 5m)"}),
+    DurationOption("min_hold", 0.0, False, 0.0,
+                   {"metavar": "DUR", "help": "keep the lock at least this long after start"}),
+    DurationOption("once_per", 1.0, True, None,
+                   {"metavar": "DUR", "help": "run at most once per slot of this width"}),
+    DurationOption("max_runtime", 0.0, True, None,
+                   {"metavar": "DUR", "help": "terminate the job after this long"}),
+    DurationOption("kill_grace", 0.0, False, lambda ttl: min(10.0, ttl / 5),
+                   {"metavar": "DUR", "help": "SIGTERM to SIGKILL delay (default min(10s, ttl/5))"}),
+    DurationOption("max_clock_skew", 0.0, False, lambda ttl: min(2.0, ttl / 20),
+                   {"metavar": "DUR", "help": "refuse beyond this offset (default min(2s, ttl/20))"}),
+    DurationOption("op_timeout", 0.0, True, lambda ttl: min(2.0, ttl / 10),
+                   {"metavar": "DUR", "help": "one backend call's bound (default min(2s, ttl/10))"}),
+    Option("fail_open", validate.boolean, False,
+           {"action": "store_const", "const": True,
+            "help": "run WITHOUT a lock when the backend or clock fails (loud; default: fail closed)"}),
+    # Merged over DEFAULT_EXIT_CODES; job files and `defaults` only.
+    Option("exit_codes", check_exit_codes, None),
+)
+OPTIONS_BY_NAME = dict((option.name, option) for option in LOCK_OPTIONS)
+# The durations first, as the files' error messages have always listed them.
+DURATION_OPTIONS = tuple(o.name for o in LOCK_OPTIONS if isinstance(o, DurationOption))
+OPTION_NAMES = DURATION_OPTIONS + tuple(o.name for o in LOCK_OPTIONS if o.name not in DURATION_OPTIONS)
+
+
+def parse_option(name, raw, field):
+    """One option's raw value checked on its own (type and bounds), parsed."""
+    option = OPTIONS_BY_NAME.get(name)
+    if option is None:
+        raise ConfigError("%s: unknown option" % field)
+    return option.parse(raw, field)
+
+
+class LockOptions(object):
+    """Validated lock options, all durations in seconds (None = not set).
+
+    Built from raw values (numbers or text such as 90s): each is parsed once,
+    by its option's check, then the options are checked together (the
+    safety rule). `scheme`: the backend's URL scheme, None when not known:
+    see counts_on_wall_clock()."""
+
+    def __init__(self, scheme=None, **values):
+        # Every value given is parsed here, whatever built this object: a NaN
+        # compares false with everything and would slip through the budget rule.
+        parsed = {}
+        for name, raw in values.items():
+            if raw is not None:
+                parsed[name] = parse_option(name, raw, name)
+        ttl = parsed.get("ttl", 60.0)
+        for option in LOCK_OPTIONS:
+            setattr(self, option.name, parsed.get(option.name, option.default_for(ttl)))
         self.scheme = scheme
-        self.on_contention = on_contention
-        self.wait_timeout = wait_timeout if wait_timeout is not None else 300.0
-        self.min_hold = min_hold
-        self.once_per = once_per
-        self.max_runtime = max_runtime
-        self.fail_open = fail_open
         self.exit_codes = dict(DEFAULT_EXIT_CODES)
-        self.exit_codes.update(exit_codes or {})
-        self.validate()
+        self.exit_codes.update(parsed.get("exit_codes") or {})
+        self.check_budget()
 
     @property
     def wall_clock(self):
@@ -134,18 +193,6 @@ class LockOptions(object):
     def margin(self):
         """The whole margin of the deadline (deadline.py) and of the budget rule."""
         return clock_margin(self.ttl, self.max_clock_skew, self.wall_clock)
-
-    def validate(self):
-        # Every duration again, whatever built this object: a NaN compares
-        # false with everything and would slip through the budget rule below.
-        for name, (minimum, positive) in DURATION_BOUNDS.items():
-            value = getattr(self, name)
-            if value is not None:
-                validate.duration(value, name, minimum, MAX_DURATION, positive)
-        validate.choice(self.on_contention, "on_contention", ("skip", "wait"))
-        validate.boolean(self.fail_open, "fail_open")
-        self.check_budget()
-        check_exit_codes(self.exit_codes, "exit_codes")
 
     def check_budget(self):
         """The safety rule, the one place it is written (module docstring)."""
@@ -169,31 +216,17 @@ class LockOptions(object):
 
     @classmethod
     def from_mapping(cls, values, where, scheme=None):
-        """Options from a dict of raw values (JSON file or flags); `where` prefixes
-        errors; `scheme`, the backend's, None when not known (the stricter rule)."""
-        kwargs = cls.parse_values(values, where)
+        """Options from a dict of raw values (JSON file or flags; None: not
+        given); `where` prefixes errors; `scheme`, the backend's, None when
+        not known (the stricter rule)."""
         try:
-            return cls(scheme=scheme, **kwargs)
+            return cls(scheme=scheme, **values)
         except ConfigError as exc:
             raise ConfigError("%s: %s" % (where, exc) if where else str(exc))
 
     @staticmethod
     def parse_values(values, where):
-        """Each option checked on its own (type and bounds), not yet together."""
-        kwargs = {}
-        for name, raw in values.items():
-            if raw is None:
-                continue
-            field = "%s: %s" % (where, name) if where else name
-            if name in DURATION_BOUNDS:
-                minimum, positive = DURATION_BOUNDS[name]
-                kwargs[name] = validate.duration(raw, field, minimum, MAX_DURATION, positive)
-            elif name == "fail_open":
-                kwargs[name] = validate.boolean(raw, field)
-            elif name == "on_contention":
-                kwargs[name] = validate.choice(raw, field, ("skip", "wait"))
-            elif name == "exit_codes":
-                kwargs[name] = check_exit_codes(raw, field)
-            else:
-                raise ConfigError("%s: unknown option" % field)
-        return kwargs
+        """Each option checked on its own (type and bounds), not yet together:
+        the parsed values of those given."""
+        return dict((name, parse_option(name, raw, "%s: %s" % (where, name) if where else name))
+                    for name, raw in values.items() if raw is not None)

@@ -486,38 +486,47 @@ def backend_url(url, field="backend"):
             raise ConfigError("%s: %s must be file:///absolute/directory" % (field, shown_url))
         path(path_, "%s: path" % field)
         return BackendURL(url, scheme, None, [], path_, {})
+    user, hosts = _user_and_hosts(scheme, userinfo if at else None, hostpart, field, shown_url)
+    params = _query(query, scheme, field)
+    return BackendURL(url, scheme, user, hosts, _server_path(scheme, path_, params, field, shown_url), params)
+
+
+def _user_and_hosts(scheme, userinfo, hostpart, field, shown_url):
+    """(the user, None if not named; the [(host, port)] list) of a server URL."""
     if not hostpart:
         raise ConfigError("%s: %s has no host" % (field, shown_url))
     user = None
-    if at:
+    if userinfo is not None:
         user = text(userinfo, "%s: user" % field, 63, re.compile(r"[A-Za-z0-9_.-]+"),
                     "letters, digits and _ . -")
-    hosts = []
     entries = hostpart.split(",")
     if len(entries) > 1 and scheme not in MULTI_HOST_SCHEMES:
         raise ConfigError("%s: %s names several hosts; only postgresql:// and etcd:// take a list"
                           % (field, shown_url))
-    for entry in entries:
-        hosts.append(_host_port(entry, "%s: host" % field, shown_url))
-    params = _query(query, scheme, field)
+    return user, [_host_port(entry, "%s: host" % field, shown_url) for entry in entries]
+
+
+def _server_path(scheme, path_, params, field, shown_url):
+    """The URL's path as the backend reads it: Redis' database (the path as
+    given), etcd's key prefix, PostgreSQL's database name (without the /)."""
     if scheme in ("redis", "rediss"):
         if path_ not in ("", "/") and not re.fullmatch(r"/[0-9]{1,5}", path_):
             raise ConfigError("%s: %s: the database must be a number (redis://host:port/0)" % (field, shown_url))
         if path_ not in ("", "/"):
             integer(path_[1:], "%s: database" % field, 0, 65535)
-    elif scheme.startswith("etcd"):
+        return path_[1:]
+    if scheme.startswith("etcd"):
         if path_ in ("", "/"):
             path_ = ETCD_DEFAULT_PREFIX
         if not ETCD_PREFIX.fullmatch(path_):
             raise ConfigError("%s: %s: the key prefix must be a path such as /dlock (segments of letters, "
                               "digits, _ . -; no trailing /)" % (field, shown_url))
         _etcd_client_cert(params, field)
-        return BackendURL(url, scheme, user, hosts, path_, params)
-    else:
-        if not re.fullmatch(r"/[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}", path_):
-            raise ConfigError("%s: %s: name the database (postgresql://user@host/DATABASE; "
-                              "letters, digits, _ . -)" % (field, shown_url))
-    return BackendURL(url, scheme, user, hosts, path_[1:], params)
+        return path_
+    if not re.fullmatch(r"/[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}", path_):
+        raise ConfigError("%s: %s: name the database (postgresql://user@host/DATABASE; "
+                          "letters, digits, _ . -)" % (field, shown_url))
+    return path_[1:]
 
 
 def _host_port(entry, field, shown_url):
