@@ -47,7 +47,7 @@ from ..options import BACKEND_MIN_TTL
 from ..safefile import require_regular
 from ..slots import SLOT_TRIES, marker_owner, outcome_marker, slot_number
 from ..validate import MAX_DURATION, backend_url
-from .base import Backend, Grant, Holder, endpoint, lease_ms, rerun_refusal
+from .base import Backend, Grant, LockView, endpoint, lease_ms, rerun_refusal
 
 try:
     import requests
@@ -277,7 +277,7 @@ class EtcdBackend(Backend):
         marker = _KV(kvs[0]) if kvs else None
         refusal = rerun_refusal(slot.number, slot_number(answered, slot.width), marker and marker.value)
         if refusal == "duplicate":
-            return Grant(refusal, holder=Holder(key, owner=marker_owner(marker.value)))
+            return Grant(refusal, holder=LockView(key, owner=marker_owner(marker.value)))
         return Grant(refusal) if refusal else marker
 
     def _queue_compare(self, key, owner):
@@ -387,16 +387,16 @@ class EtcdBackend(Backend):
             if held is None and (marker_kv is None or marker_kv.mod_revision != seen.mod_revision):
                 return None  # the marker changed since it was read: judge the rerun again
         elif marker_kv is not None:
-            return Grant("duplicate", holder=Holder(key, owner=marker_owner(marker_kv.value)))
+            return Grant("duplicate", holder=LockView(key, owner=marker_owner(marker_kv.value)))
         if held is None:  # free, but others came first
-            return Grant("locked", holder=Holder(key, queued=self._waiters(key), server_time=time.time()))
+            return Grant("locked", holder=LockView(key, queued=self._waiters(key), server_time=time.time()))
         return Grant("locked", holder=self._holder(key, held))
 
     def _holder(self, key, held, last=None, fence=0):
         if held is None:
-            return Holder(key, fence=fence, last=last, server_time=time.time())
+            return LockView(key, fence=fence, last=last, server_time=time.time())
         record = held.record()
-        return Holder(key, owner=record.get("owner"), fence=held.create_revision,
+        return LockView(key, owner=record.get("owner"), fence=held.create_revision,
                       acquired_at=record.get("acquired_at"), ttl_remaining=self._lease_ttl(held.lease),
                       last=last, server_time=time.time())
 
@@ -524,10 +524,10 @@ class EtcdBackend(Backend):
         held = _first_kv(answer["responses"][0])
         if held is None:
             waiters = int(answer["responses"][1].get("response_range", {}).get("count", 0))
-            return Grant("locked", holder=Holder(key, queued=waiters, server_time=time.time()))
+            return Grant("locked", holder=LockView(key, queued=waiters, server_time=time.time()))
         # No ttl_remaining (one more round trip): the watch tells of the lease's end.
         record = held.record()
-        return Grant("locked", holder=Holder(key, owner=record.get("owner"), fence=held.create_revision,
+        return Grant("locked", holder=LockView(key, owner=record.get("owner"), fence=held.create_revision,
                                              acquired_at=record.get("acquired_at"), server_time=time.time()))
 
     def _waiters(self, key):

@@ -23,7 +23,7 @@ from ..errors import AuthError, BackendError, MissingDriver
 from ..slots import marker_owner, outcome_marker
 from ..validate import MAX_DURATION, backend_url
 from ..watchdog import Watchdog
-from .base import Backend, Grant, Holder, endpoint, grant_not_counted, lease_ms, rerun_refusal
+from .base import Backend, Grant, LockView, endpoint, grant_not_counted, lease_ms, rerun_refusal
 
 try:
     import psycopg
@@ -631,10 +631,10 @@ class PgBackend(Backend):
         row = conn.execute(QUERY, (key,)).fetchone()
         if row is None:
             now = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
-            return Holder(key, server_time=now)
+            return LockView(key, server_time=now)
         owner, fence, acquired_at, ttl_left, last, now, live = row
         # fence 0: a row a waiter's ticket made before any grant (no fence was ever given).
-        return Holder(key, owner=owner if live else None, fence=fence or None, acquired_at=acquired_at,
+        return LockView(key, owner=owner if live else None, fence=fence or None, acquired_at=acquired_at,
                       ttl_remaining=max(0.0, ttl_left) if (ttl_left is not None and live and owner) else None,
                       last=last, server_time=now)
 
