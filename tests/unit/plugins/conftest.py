@@ -68,7 +68,7 @@ class FakeBackend(Backend):
         if lease is None:
             return LockView(key, fence=self.fences.get(key, 0), server_time=self.now)
         return LockView(key, owner=lease["owner"], fence=lease["fence"], acquired_at=lease["acquired"],
-                      ttl_remaining=lease["expires"] - self.now, server_time=self.now)
+                        ttl_remaining=lease["expires"] - self.now, server_time=self.now)
 
     def join_queue(self, key, owner, ttl):
         self.calls.append(("join_queue", key, owner))

@@ -140,9 +140,9 @@ class FileBackend(Backend):
         hold_until = state.get("hold_until") or 0
         busy = held or hold_until > now
         return LockView(key, owner=state.get("owner") if busy else None, fence=state.get("fence", 0),
-                      acquired_at=state.get("acquired_at") if busy else None,
-                      ttl_remaining=(hold_until - now) if (busy and not held) else None,
-                      last=state.get("last"), server_time=now)
+                        acquired_at=state.get("acquired_at") if busy else None,
+                        ttl_remaining=(hold_until - now) if (busy and not held) else None,
+                        last=state.get("last"), server_time=now)
 
     def server_time(self):
         return time.time()
