@@ -28,8 +28,8 @@ from .base import endpoint, lease_ms
 try:
     import requests
     from etcd3gw.client import Etcd3Client
-except ImportError:
-    Etcd3Client = None
+except ImportError:  # EtcdBackend then refuses to start (MissingDriver): neither is used
+    requests = Etcd3Client = None
 
 
 def lease_seconds(ttl, field, minimum):
