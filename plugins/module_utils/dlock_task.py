@@ -17,7 +17,7 @@ import time
 from ansible.module_utils.basic import missing_required_lib
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Holder, open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import LockView, open_backend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.config import read_secret
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import require_regular
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import format_duration
@@ -245,7 +245,7 @@ def _would_acquire(request, before, diff):
         msg = "would wait up to %s for %s: %s" % (_duration(request.wait), request.key, describe(before))
     result = _result(request, before, True, msg, diff=False)
     if diff:
-        ours = Holder(request.key, owner=request.owner, fence=before.fence + 1)
+        ours = LockView(request.key, owner=request.owner, fence=before.fence + 1)
         result["diff"] = _diff(request, before, ours)
     return result
 
@@ -261,7 +261,7 @@ def release(backend, request, check_mode, diff):
         msg = ("%s: held by another owner, not released (this owner is %s); to break it, use "
                "force=true with a reason" % (describe(before), request.owner))
         raise LockFailed(msg, _result(request, before, False, msg, diff=False))
-    free = Holder(request.key, fence=before.fence)
+    free = LockView(request.key, fence=before.fence)
     if check_mode:
         return _result(request, free, True, "would release %s" % request.key, diff, before=before)
     if not backend.release(request.key, request.owner):
@@ -277,7 +277,7 @@ def _force_release(backend, request, before, check_mode, diff):
         if before.owner is None:
             return _result(request, before, False, "%s is not held; nothing to break" % request.key, diff=False)
         msg = "would break the lock: %s (reason: %s)" % (describe(before), request.reason)
-        return _result(request, Holder(request.key, fence=before.fence), True, msg, diff, before=before,
+        return _result(request, LockView(request.key, fence=before.fence), True, msg, diff, before=before,
                        previous_holder=before.as_dict(), reason=request.reason)
     broken = backend.force_release(request.key)
     after = backend.query(request.key)

@@ -157,9 +157,9 @@ def test_an_expired_token_is_renewed(etcd_auth, unique_key):
     url = "etcd://dlock@127.0.0.1:%d/dlock" % etcd_auth.client_ports[0]
     backend = open_backend(url, password="Locker-Secret-1")
     assert backend.acquire(unique_key, "a", 10).granted
-    backend._token = "not-a-token.1"  # as after the server forgot it (restart, 5 minutes unused)
+    backend.gateway._token = "not-a-token.1"  # as after the server forgot it (restart, 5 minutes unused)
     assert backend.renew(unique_key, "a", 10) is True
-    assert backend._token != "not-a-token.1"
+    assert backend.gateway._token != "not-a-token.1"
     backend.close()
 
 
@@ -275,7 +275,7 @@ def test_the_ca_file_given_is_the_one_verified_whatever_the_environment(monkeypa
     monkeypatch.setenv("CURL_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
     backend = open_backend("etcd+https://dlock@10.0.0.5:2379,10.0.0.6:2379/dlock", "pw", 1.0, str(ca_file))
     try:
-        for client in backend._members():
+        for client in backend.gateway._members():
             settings = client.session.merge_environment_settings("https://10.0.0.5:2379/v3/kv/range", {}, None,
                                                                  None, None)
             assert settings["verify"] == str(ca_file)

@@ -18,7 +18,7 @@ from runner_proc import last_log, start_dlock, wait_for
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_advisory import _holder_pids
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_common import shutdown_grace
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_session import shutdown_grace
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError
 
 OP_TIMEOUT = 0.5
@@ -142,14 +142,14 @@ def test_an_advisory_grant_whose_session_was_dropped_at_op_timeout_is_not_counte
     the first renewal. The race is made certain here by having the watchdog
     report that it fired; the rest (the grant, the drop, pg_locks) is real."""
     backend = open_backend(pg_server.url(scheme="postgresql+advisory"), None, OP_TIMEOUT)
-    disarm = backend._watchdog.disarm
-    backend._watchdog.disarm = lambda: disarm() or True  # the cancel went out as the answer came
+    disarm = backend.session._watchdog.disarm
+    backend.session._watchdog.disarm = lambda: disarm() or True  # the cancel went out as the answer came
     try:
         with pytest.raises(BackendError) as raised:
             backend.acquire(unique_key, "owner-late", 30.0)
         assert "not counted" in str(raised.value), raised.value
     finally:
-        backend._watchdog.disarm = disarm
+        backend.session._watchdog.disarm = disarm
         backend.close()
     with pg_server.connect() as admin:
         assert _holder_pids(admin, unique_key) == []  # nobody holds the key's advisory lock

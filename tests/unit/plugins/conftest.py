@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.dlock.fleet.plugins.module_utils import dlock_task
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Backend, Grant, Holder
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Backend, Grant, LockView
 
 
 class FakeBackend(Backend):
@@ -66,9 +66,9 @@ class FakeBackend(Backend):
     def query(self, key):
         lease = self._live(key)
         if lease is None:
-            return Holder(key, fence=self.fences.get(key, 0), server_time=self.now)
-        return Holder(key, owner=lease["owner"], fence=lease["fence"], acquired_at=lease["acquired"],
-                      ttl_remaining=lease["expires"] - self.now, server_time=self.now)
+            return LockView(key, fence=self.fences.get(key, 0), server_time=self.now)
+        return LockView(key, owner=lease["owner"], fence=lease["fence"], acquired_at=lease["acquired"],
+                        ttl_remaining=lease["expires"] - self.now, server_time=self.now)
 
     def join_queue(self, key, owner, ttl):
         self.calls.append(("join_queue", key, owner))

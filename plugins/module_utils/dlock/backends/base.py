@@ -91,8 +91,11 @@ def rerun_refusal(number, current, marker):
     return None
 
 
-class Holder(object):
-    """What the backend knows of a key. owner is None when nobody holds it."""
+class LockView(object):
+    """A key's lock as the backend reports it: who holds it (owner, None when
+    nobody does), its fence, since when and for how long more, the last
+    finished run and the waiters in line. query() and force_release() return
+    one; a refused Grant carries one (its `holder`)."""
 
     def __init__(self, key, owner=None, fence=0, acquired_at=None, ttl_remaining=None,
                  last=None, server_time=None, queued=None):

@@ -20,7 +20,7 @@ COUNTER_LIMIT = 2 ** FENCE_COUNTER_BITS
 
 
 class EpochBackend(object):
-    """A backend whose grants and holders carry composed fences. Everything
+    """A backend whose grants and lock views carry composed fences. Everything
     else is the backend's own (attributes and methods are delegated)."""
 
     def __init__(self, backend, epoch):
@@ -44,16 +44,16 @@ class EpochBackend(object):
                 % (key, self._backend.name, counter, self._epoch, self._epoch + counter // COUNTER_LIMIT))
         return self._epoch * COUNTER_LIMIT + counter
 
-    def _holder(self, holder):
-        if holder is not None:
-            holder.fence = self.compose(holder.fence, holder.key)
-        return holder
+    def _view(self, view):
+        if view is not None:
+            view.fence = self.compose(view.fence, view.key)
+        return view
 
     def acquire(self, key, owner, ttl, slot=None):
         grant = self._backend.acquire(key, owner, ttl, slot)
         try:
             grant.fence = self.compose(grant.fence, key)
-            self._holder(grant.holder)
+            self._view(grant.holder)
         except ConfigError:
             if grant.granted:
                 # Refused after the backend granted it: give the lease back
@@ -66,10 +66,10 @@ class EpochBackend(object):
         return grant
 
     def query(self, key):
-        return self._holder(self._backend.query(key))
+        return self._view(self._backend.query(key))
 
     def force_release(self, key):
-        return self._holder(self._backend.force_release(key))
+        return self._view(self._backend.force_release(key))
 
 
 def with_epoch(backend, epoch):

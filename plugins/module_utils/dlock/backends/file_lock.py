@@ -30,7 +30,7 @@ import time
 from ..errors import BackendError, ConfigError
 from ..safefile import read_regular, replace_file
 from ..slots import marker_owner, outcome_marker, slot_number
-from .base import Backend, Grant, Holder, rerun_refusal
+from .base import Backend, Grant, LockView, rerun_refusal
 
 POLL = 0.01
 MAX_FENCE = 2 ** 63 - 1
@@ -139,10 +139,10 @@ class FileBackend(Backend):
         now = time.time()
         hold_until = state.get("hold_until") or 0
         busy = held or hold_until > now
-        return Holder(key, owner=state.get("owner") if busy else None, fence=state.get("fence", 0),
-                      acquired_at=state.get("acquired_at") if busy else None,
-                      ttl_remaining=(hold_until - now) if (busy and not held) else None,
-                      last=state.get("last"), server_time=now)
+        return LockView(key, owner=state.get("owner") if busy else None, fence=state.get("fence", 0),
+                        acquired_at=state.get("acquired_at") if busy else None,
+                        ttl_remaining=(hold_until - now) if (busy and not held) else None,
+                        last=state.get("last"), server_time=now)
 
     def server_time(self):
         return time.time()
@@ -186,7 +186,7 @@ class FileBackend(Backend):
         if slot is not None and slot.rerun:
             refusal = self._rerun_refusal(state, slot)
             if refusal == "duplicate":
-                return Grant(refusal, holder=Holder(key, owner=marker_owner(_marker(state, slot)[0])))
+                return Grant(refusal, holder=LockView(key, owner=marker_owner(_marker(state, slot)[0])))
             if refusal is not None:
                 return Grant(refusal, holder=self._holder(key, state, held=False) if refusal == "locked" else None)
         elif (state.get("hold_until") or 0) > time.time() or (slot is not None and state.get("slot") == slot.number):

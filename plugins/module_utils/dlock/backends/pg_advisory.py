@@ -66,59 +66,59 @@ class PgAdvisoryBackend(PgBackend):
     lease_survives_reconnect = False
     schema_first = True  # a grant that failed on a missing table would leave its advisory lock taken
 
-    def __init__(self, *args, **kwargs):
-        PgBackend.__init__(self, *args, **kwargs)
-        # The connection whose session holds our lock, from the grant to the
-        # release: never closed before (reset() only stops using it).
-        self._lock_conn = None
-
     def acquire(self, key, owner, ttl, slot=None):
-        def grant(conn):
-            # A rerun is judged under the lock, in the transaction (_claim_slot).
-            if slot is not None and not slot.rerun and self._slot_owner(conn, key, slot):
-                return self._refusal(conn, key, slot, "duplicate")
-            if not conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_id(key),)).fetchone()[0]:
-                return self._refusal(conn, key, slot, "locked")
-            try:
-                with conn.transaction():
-                    # A previous holder's min_hold keeps the row busy past its unlock.
-                    fence = self._upsert(conn, key, owner, None)
-                    if fence is None:
-                        raise Refused("locked")
-                    if slot is not None and not self._claim_slot(conn, key, owner, slot):
-                        raise Refused("duplicate")
-            except Refused as refused:
-                conn.execute(UNLOCK, {"id": lock_id(key), "key": key})
-                return self._refusal(conn, key, slot, refused.status)
-            return Grant("granted", fence=fence)
         # Only a counted grant's session is the lock's: one not counted
         # (CommitUnknown) has dropped its connection, and the lock with it. A
-        # counted one's connection is the one _run kept (none when the call
-        # ran past op_timeout: it was dropped, and the first renewal finds
-        # the lock lost).
-        granted = self._grant(grant, key, owner, slot)
+        # counted one's connection is the one the session kept (none when the
+        # call ran past op_timeout: it was dropped, and the first renewal
+        # finds the lock lost). It is pinned: the session's reset() then only
+        # stops using it (the lock counts as lost), never closes it, which
+        # would end the session and free the lock while the runner may still
+        # be stopping the job. release() closes it.
+        granted = self._grant(lambda conn: self._take(conn, key, owner, slot), key, owner, slot)
         if granted.granted:
-            if self._conn is None:
+            if self.session.current is None:
                 # The answer came as op_timeout ran out: the cancel request
-                # went out, so _bounded dropped the connection, and the lock
+                # went out, so the session dropped the connection, and the lock
                 # with its session. A grant whose lock is gone is no grant:
                 # counted, its job would run unlocked until the first renewal.
                 raise grant_not_counted(
                     BackendError("postgresql: the grant answered only as op_timeout (%gs) ran out, and its session, "
-                                 "which held the lock, was dropped" % self.op_timeout),
+                                 "which held the lock, was dropped" % self.session.op_timeout),
                     lambda: self._undo_grant(key, owner, slot))
-            self._lock_conn = self._conn
+            self.session.pinned = self.session.current
         return granted
+
+    def _take(self, conn, key, owner, slot):
+        """The grant's statements: the advisory lock, then the lease row and
+        the slot claim in one transaction."""
+        # A rerun is judged under the lock, in the transaction (_claim_slot).
+        if slot is not None and not slot.rerun and self._slot_owner(conn, key, slot):
+            return self._refusal(conn, key, slot, "duplicate")
+        if not conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_id(key),)).fetchone()[0]:
+            return self._refusal(conn, key, slot, "locked")
+        try:
+            with conn.transaction():
+                # A previous holder's min_hold keeps the row busy past its unlock.
+                fence = self._upsert(conn, key, owner, None)
+                if fence is None:
+                    raise Refused("locked")
+                if slot is not None and not self._claim_slot(conn, key, owner, slot):
+                    raise Refused("duplicate")
+        except Refused as refused:
+            conn.execute(UNLOCK, {"id": lock_id(key), "key": key})
+            return self._refusal(conn, key, slot, refused.status)
+        return Grant("granted", fence=fence)
 
     def _holding(self):
         """The connection that holds our lock, or None once it is gone."""
-        conn = self._lock_conn
-        if conn is None or conn.closed or conn is not self._conn:
+        conn = self.session.pinned
+        if conn is None or conn.closed or conn is not self.session.current:
             return None
         return conn
 
     def renew(self, key, owner, ttl):
-        """Whether our session still holds the lock. Not through _run: the
+        """Whether our session still holds the lock. Not through session.run: the
         watchdog's last resort would shut the socket down, ending the session
         while the job may still run. A renewal that hangs is abandoned by the
         heartbeat instead (it stops waiting after op_timeout and reset()s,
@@ -130,32 +130,9 @@ class PgAdvisoryBackend(PgBackend):
         try:
             return conn.execute("SELECT pg_backend_pid() = ANY(%s)", (_holder_pids(conn, key),)).fetchone()[0]
         except Exception:  # any failure of the session is the loss of the lock
-            if self._conn is conn:  # not a connection made since (a late answer of an abandoned renewal)
+            if self.session.current is conn:  # not a connection made since (a late answer of an abandoned renewal)
                 self.reset()
             return False
-
-    def reset(self):
-        """Stop using the current connection. The one that holds our lock is
-        left open, the lock lost (_holding() says None from now on): closing it
-        would end the session, and free the lock, while the runner is still
-        stopping its job. release() closes it."""
-        if self._conn is not None and self._conn is self._lock_conn:
-            self._listening = None
-            self._conn = None
-            return
-        PgBackend.reset(self)
-
-    def _close_lock_conn(self):
-        """Close the connection that holds, or held, our lock (one kept open
-        by reset() after the lock was lost): its session, and the lock if it
-        still holds it, ends now."""
-        conn, self._lock_conn = self._lock_conn, None
-        if conn is not None:
-            with self._closing:
-                try:
-                    conn.close()  # psycopg takes no lock here: an abandoned renewal does not hold it up
-                except Exception:  # a broken connection: nothing left to save
-                    pass
 
     def guard_fds(self, key):
         """The socket of the session that holds the lock. The guard only keeps
@@ -176,19 +153,19 @@ class PgAdvisoryBackend(PgBackend):
         from here on the connection may be shut down or closed."""
         conn = self._holding()
         if conn is None:
-            self._close_lock_conn()
+            self.session.close_pinned()  # one kept open by reset() after the lock was lost
             return False
-        self._lock_conn = None
+        self.session.pinned = None
 
         def release(conn):
             released = self._release_row(conn, key, owner, min_hold, last, notify=False, slot=slot)
             conn.execute(UNLOCK, {"id": lock_id(key), "key": key})
             return released
-        return self._run(release, write=True)
+        return self.session.run(release, write=True)
 
     def close(self):
         self.reset()
-        self._close_lock_conn()  # the run is over: still set only when no release() came
+        self.session.close_pinned()  # the run is over: still set only when no release() came
 
     def force_release(self, key):
         def force(conn):
@@ -200,7 +177,7 @@ class PgAdvisoryBackend(PgBackend):
                     raise BackendError("postgresql: could not end session %d holding %s" % (pid, key))
             conn.execute(FORCE_RELEASE, {"key": key})
             return holder
-        return self._run(force, write=True)
+        return self.session.run(force, write=True)
 
     def _query(self, conn, key):
         holder = PgBackend._query(self, conn, key)

@@ -1,29 +1,18 @@
-"""PostgreSQL plumbing shared by the lease-table and advisory-lock backends.
-
-Connections are autocommit, never use server-side prepared statements (so they
-work through PgBouncer in transaction mode) and carry TCP keepalives and a TCP
-user timeout, so a dead peer is noticed in seconds rather than hours.
-
-High availability (Patroni, synchronous replication): the URL may list several
-hosts; they are tried in order and only a read-write server is accepted
-(target_session_attrs=read-write, always), so a failover is a reconnect. A
-write counts only when its commit is known to be synchronously replicated
-(see CommitUnknown).
+"""What the lease-table and advisory-lock backends share: the lease tables
+(SCHEMA: the dlock_postgresql role reads its tables from here), the SQL, and
+PgBackend, their grants, queries and line of waiters. Their session (hosts,
+op_timeout, synchronous replication) is pg_session.py's.
 """
 
 import json
-import math
-import os
 import select
-import socket  # psycopg imports it anyway: no cost at start
-import threading
 import time
 
-from ..errors import AuthError, BackendError, MissingDriver
+from ..errors import BackendError, MissingDriver
 from ..slots import marker_owner, outcome_marker
-from ..validate import MAX_DURATION, backend_url
-from ..watchdog import Watchdog
-from .base import Backend, Grant, Holder, endpoint, grant_not_counted, lease_ms, rerun_refusal
+from ..validate import MAX_DURATION
+from .base import Backend, Grant, LockView, endpoint, grant_not_counted, lease_ms, rerun_refusal
+from .pg_session import CommitUnknown, PgSession
 
 try:
     import psycopg
@@ -266,31 +255,6 @@ UPDATE dlock_lease SET owner = NULL, expires_at = clock_timestamp()
 RETURNING """ + NOTIFY_FIRST
 
 
-class CommitUnknown(BackendError):
-    """A write may be committed on the primary without being synchronously
-    replicated, or may not be committed at all: it cannot be counted."""
-
-
-def _commit_warning(notices):
-    """The server's words when a write's commit was acknowledged without the
-    synchronous standby's confirmation, else None.
-
-    When the wait for the standby is cancelled (our op_timeout cancel request,
-    or pg_terminate_backend), PostgreSQL acknowledges the commit with a WARNING
-    "canceling wait for synchronous replication due to user request" / "The
-    transaction has already committed locally, but might not have been
-    replicated to the standby." (src/backend/replication/syncrep.c). It has no
-    SQLSTATE of its own (the generic 01000; 57P01 when terminated) and its text
-    follows lc_messages, which only a superuser may set. So the text is never
-    matched: any WARNING during a write means the write is not vouched for.
-    The writes (lease upsert, slot claim, renew, release) raise no other
-    warning, so this only ever fails closed."""
-    for severity, message, detail in notices:
-        if severity == "WARNING":
-            return "%s (%s)" % (message, detail) if detail else message
-    return None
-
-
 class Refused(Exception):
     """Rolls back a grant transaction; carries the answer ('locked' or 'duplicate')."""
 
@@ -299,268 +263,55 @@ class Refused(Exception):
         self.status = status
 
 
-def _ms(seconds):
-    return int(math.ceil(seconds * 1000))
-
-
-def shutdown_grace(op_timeout):
-    """How long past op_timeout a call may go on before its socket is shut
-    down: the time the cancel request gets to end it (a statement, a commit's
-    wait for the standby, which then answers with the warning that says the
-    commit is not replicated). Half the op_timeout, at most a second."""
-    return min(op_timeout / 2.0, 1.0)
+def ensure_schema(conn, upgrade=False):
+    """Create the lease tables where one is missing; upgrade: bring the
+    existing ones up to date (SCHEMA_UPGRADES), a statement having found a
+    column missing. Both need the tables' owner rights; a least-privilege
+    role gets a message naming the role that does it."""
+    try:
+        with conn.cursor() as cur:
+            if upgrade:
+                statements = SCHEMA_UPGRADES
+            else:
+                cur.execute("SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest(%s::text[]) AS t",
+                            (list(TABLES),))
+                statements = () if cur.fetchone()[0] else SCHEMA + SCHEMA_UPGRADES
+            for statement in statements:
+                try:
+                    cur.execute(statement)
+                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject,
+                        psycopg.errors.DuplicateColumn):
+                    pass  # created concurrently by another runner
+    except psycopg.Error as exc:
+        raise BackendError("postgresql: cannot %s the lease tables (%s); %s them with the dlock_postgresql role"
+                           % ("bring up to date" if upgrade else "create", str(exc).strip(),
+                              "upgrade" if upgrade else "create"))
 
 
 class PgBackend(Backend):
-    """Connection handling, schema and the queries both PostgreSQL backends share."""
+    """The grants, queries and line of waiters both PostgreSQL backends
+    share; their session (connection, op_timeout, replication) is
+    pg_session.PgSession."""
 
-    # Look for the lease tables before the first operation (True), or create
-    # them only when an operation finds one missing, and then do it again.
-    # Doing it again is safe only where an operation leaves nothing behind
-    # when it fails: not the advisory lock, taken outside any transaction.
+    # Look for the lease tables before the first call (PgSession.schema_first).
     schema_first = False
 
     def __init__(self, url, password=None, op_timeout=2.0, ca_file=None):
         if psycopg is None:
             raise MissingDriver("psycopg", "python3-psycopg", "postgresql://")
-        self.url = url
-        # [(host, port or None)] in the URL's order; the one that gave the
-        # last read-write session is tried first.
-        self.hosts = backend_url(url).hosts
-        self._current = 0
-        self.password = password
-        self.op_timeout = op_timeout
-        self.ca_file = ca_file
-        self._conn = None
-        self._schema_ready = self._upgraded = False
-        # (severity, message, detail) of the notices of the current operation
-        self._notices = []
-        self._watchdog = Watchdog("dlock-pg-cancel")
-        self._grace = shutdown_grace(op_timeout)
-        # Held to shut a socket down and to close a connection: a socket is
-        # never shut down after its descriptor was closed, and maybe reused.
-        self._closing = threading.Lock()
-        self._shut = None  # the connection whose socket the last resort shut down
-        self._listening = None  # the connection whose session LISTENs, while we wait
+        self.session = PgSession(url, password, op_timeout, ca_file, ensure_schema, self._woken_by,
+                                 schema_first=self.schema_first)
         self._pooled = False  # a LISTEN did not stick to our session (PgBouncer, transaction mode)
         self._woken = set()  # notifications ("KEY OWNER") not yet looked at
         self._waiting_as = {}  # key -> the owner that waits in line
 
-    # -- connection -------------------------------------------------------
-    def _connect(self):
-        """A read-write session on the first host that gives one, within
-        op_timeout for all the hosts tried. With several hosts we try them
-        one by one, each with an equal share of what is left (as etcd's
-        members): handed the whole list, libpq (waited on by psycopg) can
-        spend the whole op_timeout on a host that never answers, such as a
-        partitioned former primary, and never ask the new primary behind
-        it. A wrong password is the same on every host: it ends the try."""
-        deadline = time.monotonic() + self.op_timeout
-        count = len(self.hosts)
-        errors = []
-        for number in range(count):
-            index = (self._current + number) % count
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            host, port = self.hosts[index]
-            try:
-                conn = self._connect_to(host, port, left / (count - number))
-            except AuthError:
-                raise
-            except BackendError as exc:
-                errors.append(("%s: %s" % (endpoint(host, port or 5432), exc)) if count > 1 else str(exc))
-                continue
-            self._current = index
-            return conn
-        raise BackendError("postgresql: cannot connect (%s)" % ("; ".join(errors) or "no time left"))
-
-    def _connect_to(self, host, port, timeout):
-        kwargs = dict(
-            # This host only (the URL's list is tried by _connect); an empty
-            # port is libpq's default.
-            host=host, port=str(port or ""),
-            autocommit=True,
-            prepare_threshold=None,
-            application_name="dlock",
-            # libpq counts connect_timeout in whole seconds and treats < 2 as 2.
-            connect_timeout=max(2, int(math.ceil(timeout))),
-            keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-            tcp_user_timeout=_ms(self.op_timeout),
-            # A lock is only ever taken on a server that takes writes: with
-            # several hosts (h1,h2,h3) a standby is passed over (_connect
-            # goes on to the next); with one, a standby is an error, not a lock.
-            # This overrides the URL, which validate.py limits to read-write.
-            target_session_attrs="read-write",
-        )
-        if self.password is not None:
-            kwargs["password"] = self.password
-        if self.ca_file:
-            kwargs["sslrootcert"] = self.ca_file
-        try:
-            conn = psycopg.connect(self.url, **kwargs)
-        except psycopg.OperationalError as exc:
-            text = str(exc).strip()
-            if "password authentication failed" in text or "no password supplied" in text:
-                raise AuthError("postgresql: authentication failed (%s)" % text.splitlines()[0])
-            raise BackendError(text.splitlines()[0] if text else str(exc))
-        except psycopg.Error as exc:
-            raise BackendError(str(exc).strip() or exc.__class__.__name__)
-        conn.add_notice_handler(self._on_notice)
-        conn.add_notify_handler(self._on_notify)
-        try:
-            # A client_min_messages set for the role or the database above
-            # WARNING would hide an unreplicated commit from us.
-            conn.execute("SET client_min_messages = warning")
-        except psycopg.Error as exc:
-            conn.close()
-            raise BackendError(str(exc).strip() or exc.__class__.__name__)
-        return conn
+    def _woken_by(self, payload):
+        self._woken.add(payload)
 
     @property
     def conn(self):
-        if self._conn is None or self._conn.closed:
-            self._conn = self._connect()
-        return self._conn
-
-    def _ensure_schema(self, conn, upgrade=False):
-        """Create the lease tables where one is missing; upgrade: bring the
-        existing ones up to date (SCHEMA_UPGRADES), a statement having found a
-        column missing. Both need the tables' owner rights; a least-privilege
-        role gets a message naming the role that does it."""
-        try:
-            with conn.cursor() as cur:
-                if upgrade:
-                    statements = SCHEMA_UPGRADES
-                else:
-                    cur.execute("SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest(%s::text[]) AS t",
-                                (list(TABLES),))
-                    statements = () if cur.fetchone()[0] else SCHEMA + SCHEMA_UPGRADES
-                for statement in statements:
-                    try:
-                        cur.execute(statement)
-                    except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject,
-                            psycopg.errors.DuplicateColumn):
-                        pass  # created concurrently by another runner
-        except psycopg.Error as exc:
-            raise BackendError("postgresql: cannot %s the lease tables (%s); %s them with the dlock_postgresql role"
-                               % ("bring up to date" if upgrade else "create", str(exc).strip(),
-                                  "upgrade" if upgrade else "create"))
-        self._schema_ready = True
-
-    def _on_notice(self, diag):
-        # Copied out: the Diagnostic is only valid during the callback.
-        self._notices.append((diag.severity_nonlocalized, diag.message_primary, diag.message_detail))
-
-    def _on_notify(self, notify):
-        # Notifications that arrive with a statement's answer (psycopg hands
-        # them here); wait_change reads the ones that arrive while it waits.
-        self._woken.add(notify.payload)
-
-    def _cancel(self, conn):
-        """Ask the server to cancel what conn is running (the op_timeout)."""
-        try:
-            if hasattr(conn, "cancel_safe"):  # psycopg >= 3.2: bounded, non-blocking with libpq >= 17
-                conn.cancel_safe(timeout=self.op_timeout)
-            else:
-                conn.cancel()
-        except Exception:  # a closed connection, an unreachable server
-            pass  # nothing more to do here: TCP timeouts and the caller's deadline remain
-
-    def _shut_down(self, conn):
-        """The last resort of op_timeout: shut the connection's socket down, so
-        the call waiting on it fails at once. A cancel request is acted on by
-        the server process; one that does not run (stopped, stuck in the
-        kernel on a hung disk) never acts on it, while its kernel still
-        acknowledges our packets (so neither the TCP user timeout nor the
-        keepalives end the wait). Shut down on a duplicate of libpq's
-        descriptor: the socket is shared, libpq's descriptor stays its own.
-        The connection is never used again (_bounded resets it)."""
-        with self._closing:
-            if conn.closed:
-                return
-            try:
-                sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
-            except (psycopg.Error, OSError, ValueError):
-                return  # no socket left to shut down
-            try:
-                self._shut = conn
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already disconnected
-            finally:
-                sock.close()
-
-    def _bounded(self, conn, fn):
-        """fn(conn), with a cancel request sent if it runs past op_timeout,
-        and its socket shut down if it still runs a grace later (_shut_down).
-
-        op_timeout is enforced by a cancel request from the client, not by
-        statement_timeout: the server stops counting statement_timeout before
-        the commit, so it never ends a commit's wait for the synchronous
-        standby, which with a strict synchronous setup and no standby lasts
-        for ever. A cancel does end it: the commit is then acknowledged with
-        a warning (see _commit_warning)."""
-        self._shut = None
-        self._watchdog.arm(self.op_timeout, lambda: self._cancel(conn),
-                           then=(self._grace, lambda: self._shut_down(conn)))
-        del self._notices[:]
-        try:
-            if self.schema_first and not self._schema_ready:
-                self._ensure_schema(conn)
-            try:
-                return fn(conn)
-            except psycopg.errors.UndefinedTable:
-                # A database the lease tables were never created in: create
-                # them (a CREATE TABLE commits: under the op_timeout too) and
-                # do it again. Nothing was written: the statement that named
-                # a missing table was refused whole, and a transaction
-                # around it rolled back. Asked only then, not on every
-                # connection: a round trip less for each start of a runner.
-                if self._schema_ready:
-                    raise
-                self._ensure_schema(conn)
-                return fn(conn)
-            except psycopg.errors.UndefinedColumn:
-                # Tables made by an earlier version: the same, once per backend.
-                if self._upgraded:
-                    raise
-                self._upgraded = True
-                self._ensure_schema(conn, upgrade=True)
-                return fn(conn)
-        finally:
-            fired = self._watchdog.disarm()
-            if fired:
-                self.reset()  # the cancel request may land on our next statement: start afresh
-
-    def _run(self, fn, write=False):
-        """Run fn(conn) within op_timeout and turn driver errors into
-        BackendError; a broken connection is dropped so the next call reconnects.
-        write=True: fn commits something that counts only once it is known to
-        be synchronously replicated; otherwise CommitUnknown is raised."""
-        try:
-            result = self._bounded(self.conn, fn)
-        except psycopg.errors.QueryCanceled:
-            # An ERROR, not the commit's warning: the statement and its transaction were rolled back.
-            self.reset()
-            raise BackendError("postgresql: no answer within op_timeout (%gs); cancelled" % self.op_timeout)
-        except psycopg.OperationalError as exc:
-            self.reset()
-            text = str(exc).strip() or exc.__class__.__name__
-            if self._shut is not None:
-                text = ("no answer within op_timeout (%gs), nor to the cancel request within %gs more; "
-                        "the connection was shut down (%s)" % (self.op_timeout, self._grace, text))
-            if write:  # the connection was lost before or after the commit: nobody can tell
-                raise CommitUnknown("postgresql: the outcome of the write is unknown: %s" % text)
-            raise BackendError("postgresql: %s" % text)
-        except psycopg.Error as exc:
-            raise BackendError("postgresql: %s" % str(exc).strip())
-        warning = _commit_warning(self._notices) if write else None
-        if warning:
-            self.reset()
-            raise CommitUnknown("postgresql: the commit is not known to be replicated to a synchronous standby: %s"
-                                % warning)
-        return result
+        """The session's connection, opened when there is none (tests, benchmarks)."""
+        return self.session.conn
 
     def describe(self, cluster=False):
         """The server this session is on (with a multi-host URL, the one
@@ -568,25 +319,19 @@ class PgBackend(Backend):
         standbys as far as the role may see them (REPLICATION)."""
         info = {"backend": self.name, "member": None, "cluster": None}
         if cluster:
-            names, connected, sync, visible, standby = self._run(lambda conn: conn.execute(REPLICATION).fetchone())
+            names, connected, sync, visible, standby = self.session.run(
+                lambda conn: conn.execute(REPLICATION).fetchone())
             info["cluster"] = {"primary": not standby, "synchronous_standby_names": names,
                                "sync_replication": bool(names.strip()), "standbys_connected": connected,
                                "sync_standbys": sync if visible else None}
-        conn = self._conn
+        conn = self.session.current
         if conn is not None and not conn.closed:
             # Every session is read-write (target_session_attrs): on the primary.
             info["member"] = {"endpoint": endpoint(conn.info.host, conn.info.port), "role": "primary"}
         return info
 
     def reset(self):
-        self._listening = None
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with self._closing:
-                try:
-                    conn.close()
-                except Exception:  # a stuck or broken connection: nothing left to save
-                    pass
+        self.session.reset()
 
     def close(self):
         self.reset()
@@ -598,7 +343,7 @@ class PgBackend(Backend):
         it is undone as far as possible and raised as a BackendError; a
         refusal would pass for "another owner holds the lock"."""
         try:
-            return self._run(grant, write=True)
+            return self.session.run(grant, write=True)
         except CommitUnknown as exc:
             raise grant_not_counted(exc, lambda: self._undo_grant(key, owner, slot))
 
@@ -619,27 +364,27 @@ class PgBackend(Backend):
                 if slot is not None and not slot.rerun:  # a rerun's marker stays, rerunnable (redis_lease)
                     released = conn.execute(UNDO_SLOT, (key, slot.number, owner)).rowcount > 0 or released
             return released
-        return self._run(undo)
+        return self.session.run(undo)
 
     # -- shared queries -----------------------------------------------------
     def server_time(self):
         def query(conn):
             return conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
-        return self._run(query)
+        return self.session.run(query)
 
     def _query(self, conn, key):
         row = conn.execute(QUERY, (key,)).fetchone()
         if row is None:
             now = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
-            return Holder(key, server_time=now)
+            return LockView(key, server_time=now)
         owner, fence, acquired_at, ttl_left, last, now, live = row
         # fence 0: a row a waiter's ticket made before any grant (no fence was ever given).
-        return Holder(key, owner=owner if live else None, fence=fence or None, acquired_at=acquired_at,
-                      ttl_remaining=max(0.0, ttl_left) if (ttl_left is not None and live and owner) else None,
-                      last=last, server_time=now)
+        return LockView(key, owner=owner if live else None, fence=fence or None, acquired_at=acquired_at,
+                        ttl_remaining=max(0.0, ttl_left) if (ttl_left is not None and live and owner) else None,
+                        last=last, server_time=now)
 
     def query(self, key):
-        return self._run(lambda conn: self._query(conn, key))
+        return self.session.run(lambda conn: self._query(conn, key))
 
     def _refusal(self, conn, key, slot, status):
         if status in ("future", "unknown"):  # a rerun refused
@@ -707,33 +452,33 @@ class PgBackend(Backend):
     # -- waiting --------------------------------------------------------------
     def join_queue(self, key, owner, ttl):
         def join(conn):
-            if self._listening is not conn and not self._pooled:
+            if self.session.listening is not conn and not self._pooled:
                 # Its own transaction: a LISTEN takes effect at commit.
                 conn.execute("LISTEN dlock")
-                self._listening = conn
+                self.session.listening = conn
             self._waiting_as[key] = owner
             params = {"key": key, "owner": owner, "ttl_ms": lease_ms(ttl, "ticket ttl")}
-            if not conn.execute(JOIN_QUEUE, params).fetchone()[0] and self._listening is conn:
+            if not conn.execute(JOIN_QUEUE, params).fetchone()[0] and self.session.listening is conn:
                 # A pooler in transaction mode ran the LISTEN on another server
                 # session: nobody tells us of releases; we wake by time, and
                 # send no more LISTENs into its pool.
-                self._listening, self._pooled = None, True
-        self._run(join)
+                self.session.listening, self._pooled = None, True
+        self.session.run(join)
 
     def leave_queue(self, key, owner):
         def leave(conn):
             conn.execute(LEAVE_QUEUE, {"key": key, "owner": owner})
-            if self._listening is conn:
+            if self.session.listening is conn:
                 conn.execute("UNLISTEN dlock")
-            self._listening = None
-        self._run(leave)
+            self.session.listening = None
+        self.session.run(leave)
         self._woken.discard("%s %s" % (key, self._waiting_as.pop(key, owner)))
 
     def wait_change(self, key, timeout):
         """Wait for a notification naming us first in the key's line, on the
         session that LISTENs; without one (not listening, a pooler), sleep."""
         deadline = time.monotonic() + timeout
-        conn = self._listening if self._listening is self._conn else None
+        conn = self.session.listening if self.session.listening is self.session.current else None
         wake = "%s %s" % (key, self._waiting_as.get(key))
         while wake not in self._woken:
             left = deadline - time.monotonic()

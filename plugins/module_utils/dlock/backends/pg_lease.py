@@ -49,10 +49,10 @@ class PgLeaseBackend(PgBackend):
             return conn.execute(RENEW, (lease_ms(ttl), key, owner)).fetchone() is not None
         # A renewal not known to be replicated fails (CommitUnknown, a
         # BackendError): the heartbeat retries until its deadline, then fences.
-        return self._run(renew, write=True)
+        return self.session.run(renew, write=True)
 
     def release(self, key, owner, min_hold=0.0, last=None, slot=None):
-        return self._run(lambda conn: self._release_row(conn, key, owner, min_hold, last, slot=slot), write=True)
+        return self.session.run(lambda conn: self._release_row(conn, key, owner, min_hold, last, slot=slot), write=True)
 
     def force_release(self, key):
         def force(conn):
@@ -61,4 +61,4 @@ class PgLeaseBackend(PgBackend):
                 holder = self._query(conn, key)
                 conn.execute(FORCE_RELEASE, {"key": key})
             return holder
-        return self._run(force, write=True)
+        return self.session.run(force, write=True)

@@ -25,7 +25,7 @@ import time
 from ..errors import AuthError, BackendError, MissingDriver
 from ..slots import DONE, SLOT_TRIES, marker_owner, outcome_marker
 from ..validate import MAX_DURATION
-from .base import Backend, Grant, Holder, endpoint, grant_not_counted, lease_ms
+from .base import Backend, Grant, LockView, endpoint, grant_not_counted, lease_ms
 
 try:
     import redis
@@ -302,13 +302,13 @@ class RedisBackend(Backend):
         if status == "granted":
             return Grant("granted", fence=int(reply[1]))
         if status == "duplicate":
-            return Grant("duplicate", holder=Holder(key, owner=marker_owner(reply[1])))
+            return Grant("duplicate", holder=LockView(key, owner=marker_owner(reply[1])))
         if status in ("future", "unknown"):  # a rerun refused
             return Grant(status)
         if status == "queued":  # free, but others came first
-            return Grant("locked", holder=Holder(key, queued=int(reply[1]), server_time=int(reply[2]) / 1000.0))
+            return Grant("locked", holder=LockView(key, queued=int(reply[1]), server_time=int(reply[2]) / 1000.0))
         owner_, fence_, acquired_ms, pttl, now_ms = reply[1:6]
-        return Grant("locked", holder=Holder(
+        return Grant("locked", holder=LockView(
             key, owner=owner_, fence=int(fence_), acquired_at=int(acquired_ms) / 1000.0,
             ttl_remaining=max(0, int(pttl)) / 1000.0, server_time=int(now_ms) / 1000.0))
 
@@ -370,7 +370,7 @@ class RedisBackend(Backend):
         pipe.get(last)
         pipe.time()
         (owner, acquired_ms, lease_fence), pttl, counter, last_json, (sec, usec) = self._call(pipe.execute)
-        return Holder(
+        return LockView(
             key,
             owner=owner,
             fence=int(lease_fence or counter or 0),

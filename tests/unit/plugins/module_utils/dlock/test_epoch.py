@@ -5,7 +5,7 @@ properties: tests/integration/test_fence_epoch.py)."""
 import pytest
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.base import Grant, Holder
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.base import Grant, LockView
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.epoch import EpochBackend, with_epoch
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 
@@ -20,13 +20,13 @@ class Counter(object):
         self.released = []
 
     def acquire(self, key, owner, ttl, slot=None):
-        return Grant("granted", self.counter, Holder(key, owner, self.counter))
+        return Grant("granted", self.counter, LockView(key, owner, self.counter))
 
     def query(self, key):
-        return Holder(key, None, self.counter)
+        return LockView(key, None, self.counter)
 
     def force_release(self, key):
-        return Holder(key, "someone", self.counter)
+        return LockView(key, "someone", self.counter)
 
     def release(self, key, owner, min_hold=0.0, last=None):
         self.released.append((key, owner))

@@ -1,6 +1,6 @@
 import pytest
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Backend, Grant, Holder
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Backend, Grant, LockView
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.child import exit_status
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.deadline import LeaseDeadline
@@ -51,12 +51,12 @@ def test_exit_status_uses_shell_convention():
 
 
 def test_a_waiter_wakes_by_the_first_of_its_reasons():
-    held = Grant("locked", holder=Holder("k", owner="other", ttl_remaining=0.25))
+    held = Grant("locked", holder=LockView("k", owner="other", ttl_remaining=0.25))
     assert wake_after(held, remaining=30.0, refresh_in=1.0) == pytest.approx(0.25 + EXPIRY_SLACK)  # the lease's end
     assert wake_after(held, remaining=0.1, refresh_in=1.0) == pytest.approx(0.1)  # the end of the wait
-    session = Grant("locked", holder=Holder("k", owner="other", ttl_remaining=None))  # no expiry to wait for
+    session = Grant("locked", holder=LockView("k", owner="other", ttl_remaining=None))  # no expiry to wait for
     assert wake_after(session, remaining=30.0, refresh_in=0.7) == pytest.approx(0.7)  # the ticket's renewal
-    queued = Grant("locked", holder=Holder("k", queued=3))  # free, others first: no lease to wait for
+    queued = Grant("locked", holder=LockView("k", queued=3))  # free, others first: no lease to wait for
     assert wake_after(queued, remaining=30.0, refresh_in=1.0) == pytest.approx(1.0)
     assert wake_after(held, remaining=-1.0, refresh_in=1.0) == 0.0
 
@@ -69,7 +69,7 @@ class _LineBackend(Backend):
 
     def acquire(self, key, owner, ttl, slot=None):
         self.calls.append("acquire")
-        return Grant("locked", holder=Holder(key, owner="other", ttl_remaining=60.0))
+        return Grant("locked", holder=LockView(key, owner="other", ttl_remaining=60.0))
 
     def join_queue(self, key, owner, ttl):
         self.calls.append("join")

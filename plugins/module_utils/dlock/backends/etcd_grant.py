@@ -1,0 +1,186 @@
+"""The etcd grant: a lease grant, then one transaction that compares the lock
+key's create_revision with 0, the line (etcd_line.py) and, with once_per, the
+slot's marker, and puts the lock key on the lease, the fence key and the
+marker on a lease of its own.
+
+Fencing token: the lock key's create_revision, the store's revision of the
+grant. etcd's revision only grows (across grants, leader changes and
+restarts: it is in the data directory), so each grant's is greater than
+every earlier one's.
+"""
+
+import json
+import time
+
+from ..errors import BackendError
+from ..slots import SLOT_TRIES, marker_owner, slot_number
+from .base import Grant, LockView, rerun_refusal
+from .etcd_gateway import KV, answer_date, b64, first_kv, lease_seconds
+
+
+def lock_view(gateway, key, held, last=None, fence=0):
+    """The LockView of a lock key as read (None: free, `fence` the last one)."""
+    if held is None:
+        return LockView(key, fence=fence, last=last, server_time=time.time())
+    record = held.record()
+    return LockView(key, owner=record.get("owner"), fence=held.create_revision,
+                    acquired_at=record.get("acquired_at"), ttl_remaining=gateway.lease_ttl(held.lease),
+                    last=last, server_time=time.time())
+
+
+def _in_window(slot, answered):
+    """Whether the slot's window was open at `answered`, the Date header of
+    the grant's answer: whole seconds, the start of the second it names."""
+    return (slot.number - 0.5) * slot.width < answered + 1 and answered < (slot.number + 0.5) * slot.width
+
+
+class _Transaction(object):
+    """The grant's transaction, and the leases granted for it."""
+
+    def __init__(self, lease, compare, success, failure):
+        self.lease = lease
+        self.compare = compare
+        self.success = success
+        self.failure = failure
+        self.marker_lease = None  # the new slot marker's own lease (once_per, not a rerun)
+        self.rerun_marker = None  # the marker a rerun replaces, as read before (a KV)
+
+    def payload(self):
+        return {"compare": self.compare, "success": self.success, "failure": self.failure}
+
+    def revoke(self, gateway):
+        """Revoke what was granted for a transaction that took nothing (its keys go with them)."""
+        gateway.revoke(self.lease)
+        if self.marker_lease:
+            gateway.revoke(self.marker_lease)
+
+
+class EtcdGrant(object):
+    """Backend.acquire on etcd. `leases` is the backend's (key, owner) ->
+    lease id of our grants, for renew and release."""
+
+    def __init__(self, gateway, names, line, min_ttl, leases):
+        self.gateway = gateway
+        self.names = names
+        self.line = line
+        self.min_ttl = min_ttl
+        self.leases = leases
+
+    def acquire(self, key, owner, ttl, slot=None):
+        """The grant, with the once-per slot checked on the member's clock:
+        an etcd transaction has no clock to compare with, so the slot comes
+        from the runner's clock (checked against the member's by the clock
+        check) and the grant stands only if the Date header of the
+        transaction's own answer (whole seconds) says that slot's window was
+        open then; otherwise it is revoked and asked again for the member's slot."""
+        for _try in range(SLOT_TRIES):
+            grant = self._try(key, owner, ttl, slot)
+            if grant is not None:
+                return grant
+        raise BackendError("etcd: the slot kept moving during the grant of %s (once_per too short?)" % key)
+
+    def _try(self, key, owner, ttl, slot):
+        """A Grant, or None to try again (the slot moved, or a rerun's marker changed)."""
+        if self.line.waits(key, owner):
+            # A waiter: most of its tries are refused; a read says so without
+            # the lease grant and revoke (two writes through Raft) of a full try.
+            refusal = self.line.refused(key, owner)
+            if refusal is not None:
+                return refusal
+        seen = None
+        if slot is not None and slot.rerun:
+            seen = self._rerun_marker(key, slot)
+            if isinstance(seen, Grant):
+                return seen
+        txn = self._transaction(key, owner, ttl, slot, seen)
+        answer, answered = self._send(txn)
+        revision = int(answer["header"]["revision"])
+        if answer.get("succeeded") and txn.marker_lease and slot.width is not None and not _in_window(slot, answered):
+            # Granted outside the slot's window on the member's clock (a delayed
+            # grant): undo it (revoking the leases deletes both keys), ask again.
+            txn.revoke(self.gateway)
+            slot.number = slot_number(answered + 0.5, slot.width)
+            return None
+        if answer.get("succeeded"):
+            self.leases[(key, owner)] = txn.lease
+            return Grant("granted", fence=revision)  # the lock key's create_revision
+        return self._refused(key, owner, slot, txn, answer, revision)
+
+    def _rerun_marker(self, key, slot):
+        """The marker a rerun of slot may replace, or the refusal (a Grant):
+        base.rerun_refusal, on the member's clock (the Date header of the
+        read's answer, the start of its second: a slot that began within
+        that second may be refused, never one in the future granted). The
+        grant's transaction then compares the marker's mod_revision with
+        this read's, so the rule holds at the grant: a marker changed
+        meanwhile (a rerun, a release, its expiry) fails the compare."""
+        response = self.gateway.post("/kv/range", {"key": b64(self.names.marker(key, slot))}, stream=True)
+        try:
+            kvs, answered = response.json().get("kvs") or [], answer_date(response)
+        except ValueError as exc:
+            raise BackendError("etcd: unreadable answer to the read of a slot marker: %s" % exc)
+        marker = KV(kvs[0]) if kvs else None
+        refusal = rerun_refusal(slot.number, slot_number(answered, slot.width), marker and marker.value)
+        if refusal == "duplicate":
+            return Grant(refusal, holder=LockView(key, owner=marker_owner(marker.value)))
+        return Grant(refusal) if refusal else marker
+
+    def _transaction(self, key, owner, ttl, slot, rerun_marker):
+        """The lease, and the transaction that puts the lock key on it."""
+        lock = b64(self.names.lock(key))
+        lease = self.gateway.grant_lease(lease_seconds(ttl, "ttl", self.min_ttl))
+        value = json.dumps({"owner": owner, "acquired_at": time.time()}, sort_keys=True)
+        txn = _Transaction(lease,
+                           [{"key": lock, "target": "CREATE", "result": "EQUAL", "create_revision": 0},
+                            self.line.compare(key, owner)],
+                           [{"request_put": {"key": lock, "value": b64(value), "lease": lease}},
+                            {"request_put": {"key": b64(self.names.fence(key)), "value": ""}}],
+                           [{"request_range": {"key": lock}}])
+        if rerun_marker is not None:
+            # The marker read (never a success), now ours, on its own lease: its expiry is kept.
+            marker = b64(self.names.marker(key, slot))
+            txn.rerun_marker = rerun_marker
+            txn.compare.append({"key": marker, "target": "MOD", "result": "EQUAL",
+                                "mod_revision": rerun_marker.mod_revision})
+            txn.success.append({"request_put": {"key": marker, "value": b64(owner), "lease": rerun_marker.lease}})
+            txn.failure.append({"request_range": {"key": marker}})
+        elif slot is not None:
+            marker = b64(self.names.marker(key, slot))
+            txn.marker_lease = self.gateway.grant_lease(lease_seconds(slot.marker_ttl, "once_per marker", 1.0))
+            txn.compare.append({"key": marker, "target": "CREATE", "result": "EQUAL", "create_revision": 0})
+            txn.success.append({"request_put": {"key": marker, "value": b64(owner), "lease": txn.marker_lease}})
+            txn.failure.append({"request_range": {"key": marker}})
+        return txn
+
+    def _send(self, txn):
+        """The transaction's answer and its Date header; on any error, the
+        leases granted for it are revoked."""
+        try:
+            response = self.gateway.post("/kv/txn", txn.payload(), stream=True)
+            try:
+                return response.json(), answer_date(response)
+            except ValueError as exc:
+                raise BackendError("etcd: unreadable answer to the grant: %s" % exc)
+        except BackendError:
+            txn.revoke(self.gateway)
+            raise
+
+    def _refused(self, key, owner, slot, txn, answer, revision):
+        """The answer to a transaction whose compare failed: None to try again."""
+        held = first_kv(answer["responses"][0])
+        if held is not None and held.lease == txn.lease:
+            # Our own grant, applied by a try whose answer was lost before
+            # another member was asked (a timeout is not a refusal).
+            self.leases[(key, owner)] = txn.lease
+            return Grant("granted", fence=held.create_revision)
+        txn.revoke(self.gateway)
+        self.line.saw_refused(key, revision)
+        marker_kv = first_kv(answer["responses"][1]) if slot is not None else None
+        if txn.rerun_marker is not None:
+            if held is None and (marker_kv is None or marker_kv.mod_revision != txn.rerun_marker.mod_revision):
+                return None  # the marker changed since it was read: judge the rerun again
+        elif marker_kv is not None:
+            return Grant("duplicate", holder=LockView(key, owner=marker_owner(marker_kv.value)))
+        if held is None:  # free, but others came first
+            return Grant("locked", holder=LockView(key, queued=self.line.waiters(key), server_time=time.time()))
+        return Grant("locked", holder=lock_view(self.gateway, key, held))

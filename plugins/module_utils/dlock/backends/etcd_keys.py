@@ -1,0 +1,35 @@
+"""The etcd keys of a lock, under the URL's prefix P (default /dlock; an etcd
+role with a readwrite permission on the prefix P/ suffices):
+  P/KEY/lock    JSON {owner, acquired_at}, attached to the holder's lease
+  P/KEY/fence   empty, written in every grant: its mod_revision is the last fence
+  P/KEY/slot/N  once-per marker of slot N (slots.py: the owner, or the outcome), with its own lease
+  P/KEY/last    JSON of the last finished run
+  P/KEY/queue/OWNER  a waiter's ticket, attached to a lease of its own
+Lock keys cannot hold '/', so no key's names reach into another key's.
+"""
+
+
+class KeyNames(object):
+    """The names of a lock's keys under one prefix."""
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+
+    def base(self, key):
+        """What every name of key starts with."""
+        return "%s/%s/" % (self.prefix, key)
+
+    def lock(self, key):
+        return self.base(key) + "lock"
+
+    def fence(self, key):
+        return self.base(key) + "fence"
+
+    def last(self, key):
+        return self.base(key) + "last"
+
+    def queue(self, key):
+        return self.base(key) + "queue/"
+
+    def marker(self, key, slot):
+        return self.base(key) + "slot/%d" % slot.number

@@ -1,0 +1,150 @@
+"""The line of waiters on etcd: etcd's own lock recipe (its concurrency
+package), tickets P/KEY/queue/OWNER in the order of their create_revision.
+The grant's transaction compares, besides the lock key, the whole
+P/KEY/queue/ range (EtcdLine.compare): every live ticket there must be ours
+or younger than ours (none at all for a caller without a ticket). A waiter
+keeps its ticket's lease alive while it waits; a dead waiter's ticket goes
+with its lease."""
+
+import time
+
+from ..errors import BackendError
+from .base import Grant, LockView
+from .etcd_gateway import b64, first_kv, json_lines, lease_seconds, prefix_end, requests, unb64
+
+
+class EtcdLine(object):
+    """Our places in the keys' lines, and what wait_change watches."""
+
+    def __init__(self, gateway, names):
+        self.gateway = gateway
+        self.names = names
+        self._seen = {}  # key -> revision at which we last saw it held, for wait_change
+        self._tickets = {}  # (key, owner) -> (lease id or None, create_revision) of our place in line
+        self._watched = {}  # key -> the one name whose deletion moves us up the line (wait_change)
+
+    def _range(self, key):
+        queue = self.names.queue(key)
+        return {"key": b64(queue), "range_end": b64(prefix_end(queue))}
+
+    def waits(self, key, owner):
+        """Whether owner has a place in key's line."""
+        return (key, owner) in self._tickets
+
+    def saw_refused(self, key, revision):
+        """A grant of key was refused at revision: wait_change watches from just after it."""
+        self._seen[key] = revision
+
+    def compare(self, key, owner):
+        """The grant's condition on the line: no live ticket older than ours
+        (a range compare holds for every key in the range; an empty range
+        compares as create_revision 0)."""
+        ticket = self._tickets.get((key, owner))
+        compare = dict(self._range(key), target="CREATE")
+        if ticket is None:
+            compare.update(result="EQUAL", create_revision=0)
+        else:
+            compare.update(result="GREATER", create_revision=ticket[1] - 1)
+        return compare
+
+    def refused(self, key, owner):
+        """A "locked" Grant when the lock is held or another ticket comes
+        first, from one read-only transaction; None when a grant may succeed."""
+        lock, queue_range = self.names.lock(key), self._range(key)
+        # The ticket just before ours, the one whose deletion lets us move up.
+        before = dict(queue_range, max_create_revision=self._tickets[(key, owner)][1] - 1, sort_order="DESCEND",
+                      sort_target="CREATE", limit=1, keys_only=True)
+        answer = self.gateway.txn([{"key": b64(lock), "target": "CREATE", "result": "EQUAL", "create_revision": 0},
+                                   self.compare(key, owner)], [],
+                                  [{"request_range": {"key": b64(lock)}},
+                                   {"request_range": dict(queue_range, count_only=True)},
+                                   {"request_range": before}])
+        if answer.get("succeeded"):
+            return None
+        self._seen[key] = int(answer["header"]["revision"])
+        ahead = (answer["responses"][2].get("response_range", {}).get("kvs") or [None])[0]
+        # Like etcd's recipe, each waiter watches only the one before it (the
+        # first in line watches the lock): a release wakes one waiter, not all.
+        self._watched[key] = unb64(ahead["key"]) if ahead else lock
+        held = first_kv(answer["responses"][0])
+        if held is None:
+            waiters = int(answer["responses"][1].get("response_range", {}).get("count", 0))
+            return Grant("locked", holder=LockView(key, queued=waiters, server_time=time.time()))
+        # No ttl_remaining (one more round trip): the watch tells of the lease's end.
+        record = held.record()
+        return Grant("locked", holder=LockView(key, owner=record.get("owner"), fence=held.create_revision,
+                                               acquired_at=record.get("acquired_at"), server_time=time.time()))
+
+    def waiters(self, key):
+        answer = self.gateway.post("/kv/range", dict(self._range(key), count_only=True))
+        return int(answer.get("count", 0))
+
+    def join(self, key, owner, ttl, min_ttl):
+        """A ticket P/KEY/queue/OWNER on a lease of its own, created once and
+        kept alive; one whose lease ran out is taken anew, at the end of the line."""
+        ticket = self._tickets.get((key, owner))
+        if ticket is not None:
+            lease = ticket[0]
+            if lease is None or self.gateway.keepalive(lease) > 0:
+                return  # ours and alive (or another process's, with the same owner, which keeps it)
+            del self._tickets[(key, owner)]
+        name = b64(self.names.queue(key) + owner)
+        lease = self.gateway.grant_lease(lease_seconds(ttl, "ticket ttl", min_ttl))
+        try:
+            answer = self.gateway.txn([{"key": name, "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
+                                      [{"request_put": {"key": name, "value": "", "lease": lease}}],
+                                      [{"request_range": {"key": name}}])
+        except BackendError:
+            self.gateway.revoke(lease)
+            raise
+        if answer.get("succeeded"):
+            self._tickets[(key, owner)] = (lease, int(answer["header"]["revision"]))
+            return
+        self.gateway.revoke(lease)
+        existing = first_kv(answer["responses"][0])
+        if existing is not None:  # a task of the same run (same owner) on another host waits too
+            self._tickets[(key, owner)] = (None, existing.create_revision)
+
+    def leave(self, key, owner):
+        ticket = self._tickets.pop((key, owner), None)
+        if ticket is not None and ticket[0] is not None:
+            self.gateway.revoke(ticket[0])  # deletes the ticket; its deletion wakes the others
+
+    def wait_change(self, key, timeout):
+        """Watch for a deletion (release, force_release, a lease's expiry, a
+        ticket leaving the line) of the one name the last refusal named, or
+        else of any of the key's names, from just after the
+        revision at which we saw it refused, so one in between is not
+        missed; at most `timeout`. Any trouble with the watch ends in a plain
+        sleep: the caller asks again, and a backend that is down then says so."""
+        request = self._watch_request(key)
+        deadline = time.monotonic() + timeout
+        try:
+            response = self.gateway.post("/watch", {"create_request": request}, stream=True, read_timeout=timeout)
+        except BackendError:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return
+        try:
+            for message in json_lines(response):
+                result = message.get("result", {})
+                if result.get("events") or result.get("canceled") or "error" in message:
+                    return  # deleted, or compacted past `since`: ask again
+                if time.monotonic() >= deadline:
+                    return
+        except (requests.RequestException, ValueError):
+            return  # the read timed out (no release within timeout) or the stream broke
+        finally:
+            response.close()
+
+    def _watch_request(self, key):
+        """The watch of wait_change: deletions of the watched name, else of the key's names."""
+        since = self._seen.get(key)
+        watched = self._watched.pop(key, None)
+        if watched is not None:
+            request = {"key": b64(watched), "filters": ["NOPUT"]}
+        else:
+            base = self.names.base(key)
+            request = {"key": b64(base), "range_end": b64(prefix_end(base)), "filters": ["NOPUT"]}
+        if since is not None:
+            request["start_revision"] = since + 1
+        return request
