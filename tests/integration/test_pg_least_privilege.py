@@ -8,12 +8,17 @@ statement the engine starts to send that the grants do not allow fails here
 before it fails on a fleet.
 """
 
+import json
+import os
+import re
+import subprocess
+import sys
 import time
 import uuid
 
 import psycopg
 import pytest
-from ansible_cli import run_module
+from ansible_cli import BIN, ansible_env, run_module
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_common import SCHEMA, SCHEMA_UPGRADES
@@ -100,6 +105,67 @@ def test_as_the_role_runs_it_as_postgres_on_the_socket(pg_server, provisioned, p
     assert result["msg"].startswith("dlock_postgresql: provisioning the database failed: OperationalError: "), output
     assert 'user "root"' in result["msg"], output  # pg_hba.conf lets only postgres in on the socket
     assert PASSWORD not in output, output
+
+
+ROLE_PROVISION = """
+- hosts: localhost
+  gather_facts: true
+  gather_subset: [min]
+  tasks:
+    - ansible.builtin.import_role:
+        name: dlock.fleet.dlock_postgresql
+        tasks_from: provision.yml
+"""
+
+
+def role_provision(tmp_path, variables, *options):
+    """The role's own provisioning tasks, on this host as on a node: the module
+    with the role's Python (/usr/bin/python3, python3-psycopg) as postgres on
+    the socket. Returns (rc, output, changed count of the recap)."""
+    (tmp_path / "play.yml").write_text(ROLE_PROVISION)
+    (tmp_path / "vars.json").write_text(json.dumps(variables))
+    # The controller's Python for the facts; the role's task names its own.
+    (tmp_path / "inventory").write_text("localhost ansible_connection=local ansible_python_interpreter=%s\n"
+                                        % sys.executable)
+    done = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(tmp_path / "inventory"), "-vvv",
+                           "-e", "@" + str(tmp_path / "vars.json"), str(tmp_path / "play.yml")] + list(options),
+                          env=ansible_env(), capture_output=True, text=True, timeout=180, check=False)
+    output = done.stdout + done.stderr
+    recap = re.search(r"localhost\s+: ok=\d+\s+changed=(\d+)", output)
+    return done.returncode, output, int(recap.group(1)) if recap else None
+
+
+def test_the_roles_tasks_provision_as_postgres_on_the_socket(pg_server, tmp_path):
+    """The role's tasks: the earlier releases' helpers removed, the module run
+    as the role runs it; a second run and a check run with the same password
+    change nothing, a check run with another reports it and keeps the old."""
+    name = "dlock_role_" + uuid.uuid4().hex[:8]
+    old_helpers = tmp_path / "dlock-postgresql"
+    old_helpers.mkdir()
+    (old_helpers / "dlock_pg_provision.py").write_text("# an earlier release's helper\n")
+    variables = {"dlock_postgresql_database": name, "dlock_postgresql_user": name, "dlock_postgresql_password": PASSWORD,
+                 "dlock_postgresql_port": pg_server.port, "__dlock_postgresql_platform": {"socket_dir": pg_server.dir},
+                 "__dlock_postgresql_helper_dir": str(old_helpers), "__dlock_systemd_running": True,
+                 "__dlock_postgresql_installed": True, "__dlock_postgresql_provision_here": True}
+    try:
+        rc, output, changed = role_provision(tmp_path, variables)
+        assert rc == 0 and changed == 2 and not old_helpers.exists(), output  # removed, provisioned
+        assert "create role %s" % name in output and PASSWORD not in output, output
+        assert re.search(r"'/usr/bin/python3 \S+/AnsiballZ_dlock_postgresql_access\.py", output), output
+        with connect(pg_server, name) as conn:
+            assert conn.execute("SELECT count(*) FROM dlock_lease").fetchone() == (0,)
+        for options in ((), ("--check",)):
+            rc, output, changed = role_provision(tmp_path, variables, *options)
+            assert rc == 0 and changed == 0 and PASSWORD not in output, output
+        other = "another-password-0123"
+        rc, output, changed = role_provision(tmp_path, dict(variables, dlock_postgresql_password=other), "--check")
+        assert rc == 0 and changed == 1 and "set the password of role %s" % name in output, output
+        assert other not in output, output
+        with connect(pg_server, name) as conn:  # check mode kept the old password
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        pg_server.sql("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name)
+        pg_server.sql("DROP ROLE IF EXISTS %s" % name)
 
 
 def test_the_engine_works_under_the_role(pg_server, provisioned, unique_key):
