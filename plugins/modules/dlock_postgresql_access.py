@@ -284,37 +284,43 @@ class Provisioner(object):
             return {"msg": failure_message(FAILED, exc)}
 
 
+class ChildFailed(Exception):
+    """The process of as_user() failed: the error it raised ("Class: text")."""
+
+
 def as_user(name, work):
     """work() in a child process that runs as the operating system user NAME
     (its groups, home and name, as runuser gives them): peer authentication
     on the socket maps that user to the role of its name. Returns what work()
-    returns, which must be JSON."""
+    returns, which must be JSON; raises ChildFailed with what it raised."""
     user = pwd.getpwnam(name)
     if os.geteuid() == user.pw_uid:
         return work()
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: never returns
-        status = 1
+    if pid == 0:  # the child: never returns, whatever happens
         try:
             os.close(read_end)
-            os.initgroups(name, user.pw_gid)
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            os.environ.update(HOME=user.pw_dir, USER=name, LOGNAME=name)
-            answer = work()
             with os.fdopen(write_end, "w") as pipe:
+                try:
+                    os.initgroups(name, user.pw_gid)
+                    os.setgid(user.pw_gid)
+                    os.setuid(user.pw_uid)
+                    os.environ.update(HOME=user.pw_dir, USER=name, LOGNAME=name)
+                    answer = {"answer": work()}
+                except Exception as exc:  # pylint: disable=broad-exception-caught  # the parent reports it
+                    answer = {"error": "%s: %s" % (exc.__class__.__name__, exc)}
                 json.dump(answer, pipe)
-            status = 0
         finally:
-            os._exit(status)  # pylint: disable=protected-access
+            os._exit(0)  # pylint: disable=protected-access  # no cleanup of the parent's state here
     os.close(write_end)
     with os.fdopen(read_end) as pipe:
         text = pipe.read()
-    _pid, status = os.waitpid(pid, 0)
-    if status != 0 or not text:
-        raise OSError("the process running as %s ended without an answer (status %s)" % (name, status))
-    return json.loads(text)
+    os.waitpid(pid, 0)
+    answer = json.loads(text) if text else {"error": "the process running as %s ended without an answer" % name}
+    if "error" in answer:
+        raise ChildFailed(answer["error"])
+    return answer["answer"]
 
 
 def main():
@@ -339,7 +345,9 @@ def main():
     provisioner = Provisioner(module.params, module.check_mode)
     try:
         outcome = as_user(module.params["run_as"], provisioner.outcome) if module.params["run_as"] else provisioner.outcome()
-    except (OSError, KeyError, ValueError) as exc:  # no such user, or the child died
+    except ChildFailed as exc:
+        module.fail_json(msg=FAILED + str(exc))
+    except KeyError as exc:  # pwd: no such user
         module.fail_json(msg=failure_message(FAILED, exc))
     if "msg" in outcome:
         module.fail_json(msg=outcome["msg"])

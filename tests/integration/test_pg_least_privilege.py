@@ -104,6 +104,13 @@ def test_as_the_role_runs_it_as_postgres_on_the_socket(pg_server, provisioned, p
     assert rc != 0, output
     assert result["msg"].startswith("dlock_postgresql: provisioning the database failed: OperationalError: "), output
     assert 'user "root"' in result["msg"], output  # pg_hba.conf lets only postgres in on the socket
+    rc, result, output = run_module("dlock_postgresql_access", dict(args, run_as="nobody"))
+    # The socket's directory is postgres's alone: only a process that is not root is kept out.
+    assert rc != 0 and "Permission denied" in result["msg"], output
+    assert result["msg"].startswith("dlock_postgresql: provisioning the database failed: OperationalError: "), output
+    rc, result, output = run_module("dlock_postgresql_access", dict(args, run_as="no-such-user-0"))
+    assert rc != 0 and result["msg"] == ("dlock_postgresql: provisioning the database failed: KeyError: "
+                                         "\"getpwnam(): name not found: 'no-such-user-0'\""), output
     assert PASSWORD not in output, output
 
 
