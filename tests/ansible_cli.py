@@ -66,10 +66,23 @@ class Ansible(object):
         out = subprocess.run([os.path.join(BIN, "ansible"), "localhost", "-i", self.inventory,
                               "-m", "dlock.fleet.dlock", "-a", args] + list(options),
                              env=ansible_env(), capture_output=True, text=True, timeout=180, check=False)
-        text = out.stdout + out.stderr
-        # "localhost | SUCCESS => {...}"; a failure is preceded by an error report.
-        body = out.stdout.split(" => ", 1)[1] if " => " in out.stdout else "{}"
-        return out.returncode, json.loads(body), text
+        return out.returncode, adhoc_result(out.stdout), out.stdout + out.stderr
+
+
+def adhoc_result(stdout):
+    """The result of an ad-hoc run on one host: "localhost | SUCCESS => {...}";
+    a failure is preceded by an error report."""
+    return json.loads(stdout.split(" => ", 1)[1] if " => " in stdout else "{}")
+
+
+def run_module(module, args, *options):
+    """`ansible localhost -m dlock.fleet.MODULE -a ARGS` on a local connection
+    with this Python, ARGS given as JSON: (rc, result dict, output)."""
+    out = subprocess.run([os.path.join(BIN, "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+                          "-e", "ansible_python_interpreter=" + sys.executable,
+                          "-m", "dlock.fleet." + module, "-a", json.dumps(args)] + list(options),
+                         env=ansible_env(), capture_output=True, text=True, timeout=180, check=False)
+    return out.returncode, adhoc_result(out.stdout), out.stdout + out.stderr
 
 
 def galaxy_env(**extra):

@@ -1,14 +1,16 @@
-"""The dlock_postgresql role's provisioning helper, and the engine under the
-least-privilege role it creates, on a real PostgreSQL on loopback.
+"""The dlock_postgresql_access module (dlock_postgresql's provisioning), and
+the engine under the least-privilege role it creates, on a real PostgreSQL
+on loopback.
 
-The helper runs as the role runs it (the spec as JSON on stdin), with the
-role's own grants (roles/dlock_postgresql/vars/main.yml) and the engine's own
-schema: a statement the engine starts to send that the grants do not allow
-fails here before it fails on a fleet.
+The module runs by real `ansible`, with the role's own grants
+(roles/dlock_postgresql/vars/main.yml) and the engine's own schema: a
+statement the engine starts to send that the grants do not allow fails here
+before it fails on a fleet.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,13 +18,12 @@ import uuid
 
 import psycopg
 import pytest
+from ansible_cli import BIN, ansible_env, run_module
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_common import SCHEMA, SCHEMA_UPGRADES
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError
 
-ROLE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "roles", "dlock_postgresql"))
-HELPER = os.path.join(ROLE_DIR, "files", "dlock_pg_provision.py")
 PASSWORD = "pg-least-privilege-0123"
 
 # dlock_lease as the first release made it: no line_until.
@@ -34,14 +35,20 @@ def test_the_role_reads_the_engines_schema_whole(pg_role_spec):
     assert "line_until" in SCHEMA[0] and "line_until" not in EARLIER_LEASE_TABLE
 
 
+def arguments(server, name, spec, password=PASSWORD):
+    return {"database": name, "role": name, "password": password, "connection_limit": 16,
+            "login_host": "127.0.0.1", "port": server.port, "login_user": "postgres",
+            "schema": spec["schema"], "upgrades": spec["upgrades"], "grants": spec["grants"]}
+
+
 def provision(server, name, spec, password=PASSWORD, check=False):
-    spec = dict(spec, database=name, role=name, password=password, connection_limit=16,
-                host="127.0.0.1", port=server.port, check=check)
-    done = subprocess.run([sys.executable, HELPER], input=json.dumps(spec), capture_output=True, text=True,
-                          env=dict(os.environ, PGUSER="postgres"), timeout=60, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert password not in done.stdout + done.stderr
-    return json.loads(done.stdout)
+    """The module's {"changed", "actions"}; -vvv shows its arguments, the password masked."""
+    rc, result, output = run_module("dlock_postgresql_access", arguments(server, name, spec, password),
+                                    "-vvv", *(["--check"] if check else []))
+    assert password not in output, output
+    assert rc == 0, output
+    assert result["invocation"]["module_args"]["password"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
+    return dict((key, result[key]) for key in ("changed", "actions"))
 
 
 @pytest.fixture
@@ -66,6 +73,106 @@ def test_provisioning_is_idempotent_and_check_mode_changes_nothing(pg_server, pr
     assert changed["actions"] == ["set the password of role %s" % name]
     with connect(pg_server, name) as conn:  # check mode kept the old password
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_password_postgresql_stored_itself_is_recognised(pg_server, provisioned, pg_role_spec):
+    """The module's SCRAM verifier follows PostgreSQL's: one the server
+    computed (its own salt) for the same password is kept, not rewritten."""
+    name, _first = provisioned
+    pg_server.sql("SET password_encryption = 'scram-sha-256'; ALTER ROLE %s PASSWORD '%s'" % (name, PASSWORD))
+    assert provision(pg_server, name, pg_role_spec) == {"changed": False, "actions": []}
+
+
+def test_check_mode_on_a_new_server_says_all_and_changes_nothing(pg_server, pg_role_spec):
+    name = "dlock_new_" + uuid.uuid4().hex[:8]
+    would = provision(pg_server, name, pg_role_spec, check=True)
+    want = ["create role %s" % name, "create database %s" % name, "create the lease tables and grants in %s" % name]
+    assert would == {"changed": True, "actions": want}
+    assert pg_server.sql("SELECT count(*) FROM pg_roles WHERE rolname = '%s'" % name) == [(0,)]
+    assert pg_server.sql("SELECT count(*) FROM pg_database WHERE datname = '%s'" % name) == [(0,)]
+
+
+def test_as_the_role_runs_it_as_postgres_on_the_socket(pg_server, provisioned, pg_role_spec):
+    """The role's way: the connection made as the operating system user
+    postgres, on the socket (the test server trusts postgres there, as peer
+    authentication does on a node); without run_as, root is refused."""
+    name, _first = provisioned
+    args = dict(arguments(pg_server, name, pg_role_spec), login_host=pg_server.dir, login_user=None)
+    rc, result, output = run_module("dlock_postgresql_access", dict(args, run_as="postgres"))
+    assert rc == 0 and result["changed"] is False and result["actions"] == [], output
+    rc, result, output = run_module("dlock_postgresql_access", args)
+    assert rc != 0, output
+    assert result["msg"].startswith("dlock_postgresql: provisioning the database failed: OperationalError: "), output
+    assert 'user "root"' in result["msg"], output  # pg_hba.conf lets only postgres in on the socket
+    rc, result, output = run_module("dlock_postgresql_access", dict(args, run_as="nobody"))
+    # The socket's directory is postgres's alone: only a process that is not root is kept out.
+    assert rc != 0 and "Permission denied" in result["msg"], output
+    assert result["msg"].startswith("dlock_postgresql: provisioning the database failed: OperationalError: "), output
+    rc, result, output = run_module("dlock_postgresql_access", dict(args, run_as="no-such-user-0"))
+    assert rc != 0 and result["msg"] == ("dlock_postgresql: provisioning the database failed: KeyError: "
+                                         "\"getpwnam(): name not found: 'no-such-user-0'\""), output
+    assert PASSWORD not in output, output
+
+
+ROLE_PROVISION = """
+- hosts: localhost
+  gather_facts: true
+  gather_subset: [min]
+  tasks:
+    - ansible.builtin.import_role:
+        name: dlock.fleet.dlock_postgresql
+        tasks_from: provision.yml
+"""
+
+
+def role_provision(tmp_path, variables, *options):
+    """The role's own provisioning tasks, on this host as on a node: the module
+    with the role's Python (/usr/bin/python3, python3-psycopg) as postgres on
+    the socket. Returns (rc, output, changed count of the recap)."""
+    (tmp_path / "play.yml").write_text(ROLE_PROVISION)
+    (tmp_path / "vars.json").write_text(json.dumps(variables))
+    # The controller's Python for the facts; the role's task names its own.
+    (tmp_path / "inventory").write_text("localhost ansible_connection=local ansible_python_interpreter=%s\n"
+                                        % sys.executable)
+    done = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(tmp_path / "inventory"), "-vvv",
+                           "-e", "@" + str(tmp_path / "vars.json"), str(tmp_path / "play.yml")] + list(options),
+                          env=ansible_env(), capture_output=True, text=True, timeout=180, check=False)
+    output = done.stdout + done.stderr
+    recap = re.search(r"localhost\s+: ok=\d+\s+changed=(\d+)", output)
+    return done.returncode, output, int(recap.group(1)) if recap else None
+
+
+def test_the_roles_tasks_provision_as_postgres_on_the_socket(pg_server, tmp_path):
+    """The role's tasks: the earlier releases' helpers removed, the module run
+    as the role runs it; a second run and a check run with the same password
+    change nothing, a check run with another reports it and keeps the old."""
+    name = "dlock_role_" + uuid.uuid4().hex[:8]
+    old_helpers = tmp_path / "dlock-postgresql"
+    old_helpers.mkdir()
+    (old_helpers / "dlock_pg_provision.py").write_text("# an earlier release's helper\n")
+    variables = {"dlock_postgresql_database": name, "dlock_postgresql_user": name, "dlock_postgresql_password": PASSWORD,
+                 "dlock_postgresql_port": pg_server.port, "__dlock_postgresql_platform": {"socket_dir": pg_server.dir},
+                 "__dlock_postgresql_helper_dir": str(old_helpers), "__dlock_systemd_running": True,
+                 "__dlock_postgresql_installed": True, "__dlock_postgresql_provision_here": True}
+    try:
+        rc, output, changed = role_provision(tmp_path, variables)
+        assert rc == 0 and changed == 2 and not old_helpers.exists(), output  # removed, provisioned
+        assert "create role %s" % name in output and PASSWORD not in output, output
+        assert re.search(r"'/usr/bin/python3 \S+/AnsiballZ_dlock_postgresql_access\.py", output), output
+        with connect(pg_server, name) as conn:
+            assert conn.execute("SELECT count(*) FROM dlock_lease").fetchone() == (0,)
+        for options in ((), ("--check",)):
+            rc, output, changed = role_provision(tmp_path, variables, *options)
+            assert rc == 0 and changed == 0 and PASSWORD not in output, output
+        other = "another-password-0123"
+        rc, output, changed = role_provision(tmp_path, dict(variables, dlock_postgresql_password=other), "--check")
+        assert rc == 0 and changed == 1 and "set the password of role %s" % name in output, output
+        assert other not in output, output
+        with connect(pg_server, name) as conn:  # check mode kept the old password
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        pg_server.sql("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name)
+        pg_server.sql("DROP ROLE IF EXISTS %s" % name)
 
 
 def test_the_engine_works_under_the_role(pg_server, provisioned, unique_key):

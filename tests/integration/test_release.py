@@ -38,6 +38,8 @@ SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "CHANGELOG
                "bindep.txt", "meta", "playbooks", "plugins", "roles", "changelogs", "examples", "docs"}
 # The reference the README links to, and the design (Galaxy shows docs/*.md).
 DOCS = sorted(name for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
+# The roles' node modules, beside the dlock module.
+NODE_MODULES = ("dlock_etcd_access", "dlock_postgresql_access", "dlock_patroni_cluster")
 DEV_PARTS = {"tests", "molecule", "scripts", "build", ".venv", ".ci", ".git", "__pycache__", ".pytest_cache",
              ".ansible", "tests/output"}
 
@@ -137,8 +139,10 @@ def test_galaxy_importer_passes(release, tmp_path):
     contents = {(c["content_type"], c["name"]) for c in result["contents"]}
     assert {("role", role) for role in ROLES} <= contents
     assert ("module", "dlock") in contents and ("filter", "dlock_jobs") in contents
+    assert {("module", name) for name in NODE_MODULES} <= contents
     docs = {(c["content_type"], c["content_name"]): c for c in result["docs_blob"]["contents"]}
-    assert docs[("module", "dlock")]["doc_strings"]["doc"]["short_description"]
+    for name in ("dlock",) + NODE_MODULES:
+        assert docs[("module", name)]["doc_strings"]["doc"]["short_description"], name
     for role in ROLES:
         assert "Variables" in docs[("role", role)]["readme_html"], role
     assert sorted(f["name"] for f in result["docs_blob"]["documentation_files"]) == DOCS
@@ -158,6 +162,7 @@ def test_tarball_holds_what_users_need_and_no_development_file(release):
     needed = {"README.md", "LICENSE", "meta/runtime.yml", "meta/execution-environment.yml", "requirements.txt",
               "bindep.txt", "plugins/modules/dlock.py", "plugins/module_utils/dlock/cli.py",
               "playbooks/site.yml", "playbooks/status.yml", "playbooks/break_lock.yml"}
+    needed |= {"plugins/modules/%s.py" % name for name in NODE_MODULES}
     needed |= {"roles/%s/README.md" % role for role in ROLES}
     needed |= {"roles/%s/meta/argument_specs.yml" % role for role in ROLES}
     needed |= {"docs/%s" % name for name in DOCS} | {"docs/design.md", "docs/runner.md", "docs/testing.md"}

@@ -1,38 +1,133 @@
-"""Check the dlock etcd cluster and set up its accounts, idempotently.
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2025, dlock.fleet developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-Talks to one member's JSON gateway (/v3/..., etcd 3.4) with the standard
-library only; the spec comes as JSON on stdin, so no password is ever on a
-command line, in the environment or in a file.
+from __future__ import annotations
 
-Spec: {"endpoint": "http(s)://ADDRESS:PORT", "ca_file": path or "",
-"peer_urls": [every member's peer URL, from the inventory], "root_password",
-"user", "password", "prefix" (e.g. /dlock), "extra_users": [{"name",
-"password", "prefix"}] (say Patroni's), "wait" (seconds for the member to be
-healthy), "check": bool}.
+DOCUMENTATION = r"""
+module: dlock_etcd_access
+short_description: Check a dlock etcd cluster's members and set up its accounts
+version_added: 0.3.0
+description:
+  - Checks the members of the etcd cluster of the C(dlock.fleet.dlock_etcd) role and sets up its accounts, idempotently,
+    through one member's JSON gateway (C(/v3/...), etcd 3.4), with Python's standard library only.
+  - Waits until the member says it is healthy (it has a leader and its quorum).
+  - Compares the cluster's members (their peer URLs) with O(peer_urls) and fails if they differ, changing nothing
+    (membership changes are an operator's steps, the role's README).
+  - Logs in as root; when etcd says authentication is not enabled yet, goes on without a token (the first run).
+    A wrong O(root_password) fails.
+  - Makes sure that user C(root) exists and has role C(root), and that for O(user) and every one of O(extra_users),
+    the role of the user's name has exactly one permission, readwrite on the keys under its prefix followed by C(/),
+    and the user has exactly that role and the given password (told by logging in as the user; etcd keeps only a
+    bcrypt hash). Other permissions and roles of these accounts are revoked.
+  - Enables authentication, last.
+author:
+  - dlock.fleet developers (@dlock-fleet)
+extends_documentation_fragment:
+  - dlock.fleet.node_changes
+options:
+  endpoint:
+    description:
+      - A member's client URL, V(http://ADDRESS:PORT) or V(https://ADDRESS:PORT).
+    type: str
+    required: true
+  ca_file:
+    description:
+      - The CA certificate that signed the member's certificate, for an V(https://) O(endpoint).
+      - Without it, the system's CA certificates.
+    type: path
+  peer_urls:
+    description:
+      - Every member's peer URL, as the inventory has them.
+    type: list
+    elements: str
+    required: true
+  root_password:
+    description:
+      - The password of etcd's user C(root). Set on the first run; afterwards it must be the one root has.
+    type: str
+    required: true
+  user:
+    description:
+      - The runners' user, and the name of its role.
+    type: str
+    required: true
+  password:
+    description:
+      - The runners' user's password.
+    type: str
+    required: true
+  prefix:
+    description:
+      - The runners' key prefix, a path such as V(/dlock) (no trailing slash).
+    type: str
+    required: true
+  extra_users:
+    description:
+      - More users set up like O(user), for instance Patroni's.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: User name, and the name of its role.
+        type: str
+        required: true
+      password:
+        description: Its password.
+        type: str
+        required: true
+      prefix:
+        description: Its key prefix, a path such as V(/patroni) (no trailing slash).
+        type: str
+        required: true
+  wait:
+    description:
+      - Seconds to wait for the member to be healthy.
+    type: int
+    default: 60
+notes:
+  - The passwords reach etcd in the gateway's requests only, never on a command line, in the environment or in a file.
+"""
 
-What it does:
-1. waits until the member says it is healthy (it has a leader and its quorum);
-2. compares the cluster's members (their peer URLs) with the inventory's and
-   stops if they differ: membership changes are an operator's steps (README);
-3. logs in as root; if etcd says authentication is not enabled yet, goes on
-   without a token (the first run); a wrong root password stops it;
-4. makes sure that root exists and has the root role, and that for the
-   runners' user and every extra user, the role USER has exactly one
-   permission, readwrite on the keys under its PREFIX/, and the user USER has
-   exactly that role and the given password (checked by logging in as USER;
-   etcd keeps only a bcrypt hash);
-5. enables authentication, last.
-Prints {"changed": bool, "actions": [...]} (never a password) and exits 0, or
-prints {"failed": true, "msg": ...} and exits 1. In check mode it only reports.
+EXAMPLES = r"""
+- name: Check the members and set up the accounts
+  dlock.fleet.dlock_etcd_access:
+    endpoint: https://10.0.0.1:2379
+    ca_file: /etc/etcd/tls/ca.pem
+    peer_urls: [https://10.0.0.1:2380, https://10.0.0.2:2380, https://10.0.0.3:2380]
+    root_password: "{{ etcd_root_password }}"
+    user: dlock
+    password: "{{ etcd_dlock_password }}"
+    prefix: /dlock
+    extra_users:
+      - name: patroni
+        password: "{{ etcd_patroni_password }}"
+        prefix: /patroni
+  run_once: true
+"""
+
+RETURN = r"""
+actions:
+  description: The changes made (in check mode, the changes it would make), in order. Never a password.
+  returned: always
+  type: list
+  elements: str
+  sample: ["add user root", "grant role root to user root", "add role dlock", "grant readwrite on /dlock/* to role dlock",
+           "add user dlock", "grant role dlock to user dlock", "enable authentication"]
 """
 
 import base64
 import json
 import ssl
-import sys
 import time
 import urllib.error
 import urllib.request
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Changes, Failure, failure_message
 
 REQUEST_TIMEOUT = 10  # seconds per request
 # etcd's error texts (etcdserver/api/v3rpc/rpctypes), as the gateway returns them.
@@ -44,10 +139,6 @@ ROLE_NOT_FOUND = "role name not found"
 
 class EtcdError(Exception):
     """An error answer of the gateway: etcd's own message."""
-
-
-class Failure(Exception):
-    """Stop, and tell the operator why."""
 
 
 def b64(text):
@@ -103,21 +194,17 @@ class Member(object):
         return True
 
 
-class Provisioner(object):
-    def __init__(self, spec):
-        self.spec = spec
-        self.check = bool(spec.get("check"))
-        self.member = Member(spec["endpoint"], spec.get("ca_file"))
-        self.actions = []
+class Accounts(object):
+    def __init__(self, params, check):
+        self.params = params
+        self.member = Member(params["endpoint"], params["ca_file"])
+        self.changes = Changes(check)
 
     def do(self, description, path, body):
-        """Record an action; run it unless in check mode."""
-        self.actions.append(description)
-        if not self.check:
-            self.member.call(path, body)
+        self.changes.make(description, self.member.call, path, body)
 
     def wait_healthy(self):
-        deadline = time.monotonic() + float(self.spec.get("wait", 60))
+        deadline = time.monotonic() + self.params["wait"]
         last = "no answer"
         while True:
             try:
@@ -129,13 +216,13 @@ class Provisioner(object):
                 last = "%s: %s" % (type(exc).__name__, exc)
             if time.monotonic() > deadline:
                 raise Failure("etcd at %s is not healthy after %ss (%s): are the other members up, and can they "
-                              "reach each other on the peer port?" % (self.spec["endpoint"], self.spec.get("wait"), last))
+                              "reach each other on the peer port?" % (self.params["endpoint"], self.params["wait"], last))
             time.sleep(1)
 
     def check_members(self):
         members = self.member.call("/cluster/member/list", {}).get("members", [])
         have = sorted(url for member in members for url in member.get("peerURLs", []))
-        want = sorted(self.spec["peer_urls"])
+        want = sorted(self.params["peer_urls"])
         if have != want:
             raise Failure("the cluster's members (peer URLs %s) are not the inventory's (%s): add or remove members "
                           "with etcdctl as the role's README describes, then run the role again" % (have, want))
@@ -146,12 +233,12 @@ class Provisioner(object):
         except EtcdError as exc:
             if USER_NOT_FOUND not in str(exc):
                 raise
-            self.do("add user root", "/auth/user/add", {"name": "root", "password": self.spec["root_password"]})
+            self.do("add user root", "/auth/user/add", {"name": "root", "password": self.params["root_password"]})
             roles = []
         else:
             if not auth_enabled:  # a run that stopped before enabling auth: make the password ours
                 self.do("set the password of user root", "/auth/user/changepw",
-                        {"name": "root", "password": self.spec["root_password"]})
+                        {"name": "root", "password": self.params["root_password"]})
         if "root" not in roles:
             self.do("grant role root to user root", "/auth/user/grant", {"user": "root", "role": "root"})
 
@@ -189,7 +276,7 @@ class Provisioner(object):
             same = False
             if auth_enabled:
                 try:
-                    same = Member(self.spec["endpoint"], self.spec.get("ca_file")).login(name, password)
+                    same = Member(self.params["endpoint"], self.params["ca_file"]).login(name, password)
                 except EtcdError as exc:
                     if AUTH_FAILED not in str(exc):
                         raise
@@ -205,31 +292,47 @@ class Provisioner(object):
         self.wait_healthy()
         self.check_members()
         try:
-            auth_enabled = self.member.login("root", self.spec["root_password"])
+            auth_enabled = self.member.login("root", self.params["root_password"])
         except EtcdError as exc:
             if AUTH_FAILED in str(exc):
                 raise Failure("etcd has authentication on, and root's password is not dlock_etcd_root_password: "
                               "give the password root has (the role cannot change it without it)")
             raise
         self.root(auth_enabled)
-        accounts = [{"name": self.spec["user"], "password": self.spec["password"], "prefix": self.spec["prefix"]}]
-        for account in accounts + list(self.spec.get("extra_users") or []):
+        accounts = [{"name": self.params["user"], "password": self.params["password"], "prefix": self.params["prefix"]}]
+        for account in accounts + self.params["extra_users"]:
             self.role(account["name"], account["prefix"])
             self.user(account["name"], account["password"], auth_enabled)
         if not auth_enabled:
             self.do("enable authentication", "/auth/enable", {})
-        return {"changed": bool(self.actions), "actions": self.actions}
+        return self.changes
 
 
 def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            endpoint=dict(type="str", required=True),
+            ca_file=dict(type="path"),
+            peer_urls=dict(type="list", elements="str", required=True),
+            root_password=dict(type="str", required=True, no_log=True),
+            user=dict(type="str", required=True),
+            password=dict(type="str", required=True, no_log=True),
+            prefix=dict(type="str", required=True),
+            extra_users=dict(type="list", elements="dict", default=[], options=dict(
+                name=dict(type="str", required=True),
+                password=dict(type="str", required=True, no_log=True),
+                prefix=dict(type="str", required=True),
+            )),
+            wait=dict(type="int", default=60),
+        ),
+        supports_check_mode=True,
+    )
     try:
-        result = Provisioner(json.load(sys.stdin)).run()
+        changes = Accounts(module.params, module.check_mode).run()
     except (Failure, EtcdError, OSError, KeyError, ValueError) as exc:
-        sys.stdout.write(json.dumps({"failed": True, "msg": "%s: %s" % (exc.__class__.__name__, exc)}) + "\n")
-        return 1
-    sys.stdout.write(json.dumps(result) + "\n")
-    return 0
+        module.fail_json(msg=failure_message("dlock_etcd: ", exc))
+    module.exit_json(changed=changes.changed, actions=changes.actions)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()
