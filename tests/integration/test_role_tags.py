@@ -4,7 +4,9 @@ phase tags, <role>_install, <role>_configure or <role>_run (a task whose
 result a later phase reads carries that phase's tag too), and its preflight
 all three; `--tags <role>_<phase>` then selects that role's phase and its
 checks, nothing of another role or phase, both for the roles imported on
-their own and through playbooks/site.yml (whose checks run with any tag).
+their own and through playbooks/site.yml (whose checks run with any tag);
+and, from the YAML, that a phase run alone finds every result and fact of
+the role it reads.
 """
 
 import os
@@ -173,3 +175,100 @@ def test_site_with_a_phase_tag_runs_every_check_and_only_that_phase(full, listin
             assert include in [t[1] for t in tasks], (play, tasks)
         else:  # the role's own tasks, listed: that phase and the checks
             assert tasks == selected(roles[play_name(role, "main.yml")], tag), play
+
+
+# -- What a phase reads ---------------------------------------------------------
+# A phase run alone must find what it reads: a result registered or a fact set
+# by a task of the role carries the tags of every task that reads it, and of
+# every task that notifies a handler that reads it. A read through
+# `| default(...)` stands on its own. Read from the YAML (the roles' own
+# task files, dlock_common's they import, the files they include).
+
+ROLES_DIR = os.path.join(ROOT, "roles")
+NAME = re.compile(r"\b__dlock_\w+")
+
+
+def load(role, *path):
+    with open(os.path.join(ROLES_DIR, role, *path)) as handle:
+        return yaml.safe_load(handle) or []
+
+
+def flat(role, tasks, inherited=frozenset()):
+    """Each task with its tags as --tags sees them (imports and blocks pass
+    theirs on; a dynamic include only through apply)."""
+    for task in tasks:
+        own = task.get("tags", [])
+        tags = inherited | frozenset([own] if isinstance(own, str) else own)
+        if "block" in task:
+            yield from flat(role, task["block"] + task.get("rescue", []) + task.get("always", []), tags)
+        elif "ansible.builtin.import_tasks" in task:
+            yield from flat(role, load(role, "tasks", task["ansible.builtin.import_tasks"]), tags)
+        elif "ansible.builtin.import_role" in task:
+            spec = task["ansible.builtin.import_role"]
+            other = spec["name"].rsplit(".", 1)[-1]
+            # The import's vars are read by the imported tasks: they go with them.
+            for inner, inner_tags in flat(other, load(other, "tasks", spec.get("tasks_from", "main.yml")), tags):
+                yield dict(inner, vars=dict(task.get("vars", {}), **inner.get("vars", {}))), inner_tags
+        elif "ansible.builtin.include_tasks" in task:
+            spec = task["ansible.builtin.include_tasks"]
+            spec = spec if isinstance(spec, dict) else {"file": spec}
+            applied = frozenset(spec.get("apply", {}).get("tags", []))
+            files = re.findall(r"'(\w+\.yml)'", spec["file"]) or [spec["file"]]  # a choice of files: each
+            for name in files:
+                yield from flat(role, load(role, "tasks", name), applied)
+            yield task, tags
+        else:
+            yield task, tags
+
+
+def reads(value, names):
+    """The names of `names` that `value` reads, not counting reads with a default."""
+    text = yaml.safe_dump(value)
+    found = set()
+    for match in NAME.finditer(text):
+        rest = text[match.end():]
+        if match.group(0) in names and not re.match(r"(\[[^\]]*\]|\.\w+)*\s*\|\s*default\b", rest):
+            found.add(match.group(0))
+    return found
+
+
+def expand(names, role_vars, produced):
+    """Names read through the role's vars (vars/main.yml), down to what tasks produce."""
+    seen, todo = set(), set(names)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in role_vars:
+            todo |= reads(role_vars[name], set(role_vars) | set(produced))
+    return seen & set(produced)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_phase_finds_what_it_reads(role):
+    tasks = list(flat(role, load(role, "tasks", "main.yml")))
+    role_vars = load(role, "vars", "main.yml") if os.path.exists(os.path.join(ROLES_DIR, role, "vars", "main.yml")) else {}
+    produced = {}
+    for task, tags in tasks:
+        names = [task["register"]] if "register" in task else []
+        names += [key for key in task.get("ansible.builtin.set_fact", {}) if key.startswith("__")]
+        for name in names:
+            produced.setdefault(name, set()).update(tags)
+    handlers = load(role, "handlers", "main.yml") if os.path.exists(os.path.join(ROLES_DIR, role, "handlers", "main.yml")) else []
+    topics = {}
+    for handler in handlers:
+        topics.setdefault(handler.get("listen", handler["name"]), []).append(handler)
+    wrong = []
+    for task, tags in tasks:
+        phases = set(tags) - {ALWAYS}
+        readers = [(task.get("name"), {k: v for k, v in task.items() if k not in ("register", "name", "tags")})]
+        notify = task.get("notify", [])
+        for topic in [notify] if isinstance(notify, str) else notify:
+            readers += [("handler " + h["name"], h) for h in topics[topic]]
+        for reader, body in readers:
+            for name in expand(reads(body, set(produced) | set(role_vars)), role_vars, produced):
+                if not phases <= produced[name]:
+                    wrong.append("%s (tags %s, via %s) reads %s, set with tags %s"
+                                 % (task.get("name"), sorted(phases), reader, name, sorted(produced[name])))
+    assert wrong == [], "\n".join(wrong)
