@@ -77,7 +77,7 @@ def variables_block(role_dir):
     for entry, spec in specs.items():
         if entry != "main":
             lines += ["", "Entry point `%s`:" % entry, ""]
-        lines += option_lines(spec.get("options") or {})
+        lines += option_lines(spec.get("options") or {}) or ["- none"]
     return "\n".join(lines).strip("\n")
 
 

@@ -35,15 +35,21 @@ def test_the_preflight_hands_over_exactly_the_table(role):
                 yield from flat(_load(role, "tasks", task["ansible.builtin.import_tasks"]))
             else:
                 yield from (flat(task["block"]) if "block" in task else [task])
-    [judge] = [task for task in flat(_load(role, "tasks", "preflight.yml"))
-               if task.get("name") == "Preflight | Judge the settings"]
-    assert judge["no_log"] is True
-    [(fact, expression)] = judge["ansible.builtin.set_fact"].items()
-    assert fact == "__%s_problems" % role
+    # The role hands its variables to dlock_common's settings check.
+    [check] = [task for task in flat(_load(role, "tasks", "preflight.yml"))
+               if task.get("ansible.builtin.import_role", {}).get("tasks_from") in ("preflight.yml", "settings.yml")]
+    assert check["ansible.builtin.import_role"]["name"] == "dlock.fleet.dlock_common"
+    assert check["vars"]["dlock_common_role"] == role
+    expression = check["vars"]["dlock_common_problems"]
     pairs = re.findall(r"'(\w+)': (\w+)", expression)
     assert all(key == value for key, value in pairs)
     assert sorted(key for key, _value in pairs) == sorted(TABLES[role])
     assert expression.rstrip().endswith("| dlock.fleet.dlock_role_problems('%s') }}" % role)
+    # There it is templated under no_log.
+    [judge] = [task for task in _load("dlock_common", "tasks", "settings.yml")
+               if task.get("name") == "Preflight | Judge the settings"]
+    assert judge["no_log"] is True
+    assert judge["ansible.builtin.set_fact"] == {"__dlock_common_problems": "{{ dlock_common_problems }}"}
 
 
 GOOD_REDIS = {"dlock_redis_bind": ["127.0.0.1", "::1"], "dlock_redis_port": "6379", "dlock_redis_user": "dlock",
