@@ -120,12 +120,11 @@ actions:
 
 import base64
 import json
-import ssl
 import time
 import urllib.error
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Changes, Failure, failure_message
 
@@ -158,12 +157,14 @@ def prefix_range(prefix):
 class Member(object):
     def __init__(self, endpoint, ca_file):
         self.endpoint = endpoint.rstrip("/")
-        self.context = ssl.create_default_context(cafile=ca_file or None) if endpoint.startswith("https") else None
+        # https: this CA, or the system's when none is given (as ssl's default context).
+        self.ca_file = (ca_file or None) if endpoint.startswith("https") else None
         self.token = None
 
-    def _open(self, request):
+    def _open(self, url, data=None, headers=None, method="GET"):
         try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT, context=self.context) as response:
+            with open_url(url, data=data, headers=headers, method=method, timeout=REQUEST_TIMEOUT,
+                          ca_path=self.ca_file, use_netrc=False) as response:
                 return json.loads(response.read().decode("utf-8") or "{}")
         except urllib.error.HTTPError as exc:
             try:
@@ -176,12 +177,11 @@ class Member(object):
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = self.token
-        request = urllib.request.Request(self.endpoint + "/v3" + path, data=json.dumps(body).encode("utf-8"),
-                                         headers=headers, method="POST")
-        return self._open(request)
+        return self._open(self.endpoint + "/v3" + path, data=json.dumps(body).encode("utf-8"), headers=headers,
+                          method="POST")
 
     def health(self):
-        return self._open(urllib.request.Request(self.endpoint + "/health"))
+        return self._open(self.endpoint + "/health")
 
     def login(self, name, password):
         """True with a token; False when etcd has authentication off."""

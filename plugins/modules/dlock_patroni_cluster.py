@@ -106,9 +106,9 @@ import base64
 import json
 import time
 import urllib.error
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Changes, Failure, failure_message
 
@@ -126,9 +126,9 @@ class Api(object):
         if method != "GET":
             headers["Authorization"] = self.auth
         data = json.dumps(body).encode("utf-8") if body is not None else None
-        request = urllib.request.Request(url, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
+            with open_url(url, data=data, headers=headers, method=method, timeout=REQUEST_TIMEOUT,
+                          use_netrc=False) as response:
                 text = response.read().decode("utf-8")
         except urllib.error.HTTPError as exc:
             raise Failure("%s %s: HTTP %s %s" % (method, url, exc.code, exc.read().decode("utf-8", "replace")[:200]))

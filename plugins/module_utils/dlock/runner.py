@@ -10,7 +10,6 @@ supervision.Supervisor, the job under the lease (spawn, heartbeat, the
 watch); RunReport, what the run tells (the log line and the metrics).
 """
 
-import os
 import time
 
 from . import clock, report
