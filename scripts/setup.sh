@@ -13,6 +13,7 @@ DEBS=(
   openssh-client faketime chrony rsync git
   python3-venv
   python3-redis python3-psycopg                # the nodes' drivers, for tests/bench/bench_startup.py on /usr/bin/python3
+  time                                         # GNU time: a run's peak RSS, for tests/bench/bench_run_cost.py
 )
 
 missing=()
