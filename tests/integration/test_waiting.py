@@ -153,10 +153,14 @@ def test_a_wake_up_alone_grants_nothing(backend_url, backends, unique_key):
 @pytest.mark.slow
 def test_threads_of_one_process_are_all_served(backend_url, unique_key):
     """A waiter that releases and asks again goes to the end of the line: it
-    can no longer take every grant (before, one thread took 200 of 200)."""
+    can no longer take every grant (before, one thread took 200 of 200).
+    Judged from the first grant after which every waiter has been served:
+    before that, the others may not be in line yet (on a loaded machine,
+    CI17, a thread took grants while the others waited for a core), and
+    no backend can put a waiter in line before it asks."""
     waiters, grants = 6, 36
     options = LockOptions(ttl=10.0, on_contention="wait", wait_timeout=60.0)
-    counts, done, guard, errors = collections.Counter(), [0], threading.Lock(), []
+    order, done, guard, errors = [], [0], threading.Lock(), []
     # Every waiter connected before the first asks: on a loaded machine a
     # connection took long enough for the first thread to take 15 of the 36
     # grants alone, with nobody in line behind it.
@@ -174,7 +178,7 @@ def test_threads_of_one_process_are_all_served(backend_url, unique_key):
                 assert grant.granted, grant.status
                 with guard:
                     done[0] += 1
-                    counts[number] += 1
+                    order.append(number)
                 backend.release(unique_key, owner)
         except Exception as exc:  # reported below, in the test's thread
             errors.append(exc)
@@ -186,9 +190,11 @@ def test_threads_of_one_process_are_all_served(backend_url, unique_key):
     for thread in threads:
         thread.join(300)
     assert not errors, errors
-    fair = grants / waiters
-    assert sorted(counts) == list(range(waiters)), "a waiter was never served: %r" % counts
-    assert max(counts.values()) <= 2 * fair, counts
+    assert sorted(set(order)) == list(range(waiters)), "a waiter was never served: %r" % order
+    everyone_served = max(order.index(number) for number in range(waiters))
+    after = collections.Counter(order[everyone_served + 1:])
+    fair = (len(order) - everyone_served - 1) / waiters
+    assert max(after.values(), default=0) <= 2 * fair + 1, (order, after)
 
 
 @pytest.fixture
