@@ -63,6 +63,7 @@ ROLE_PACKAGES = [
     "python3-redis", "python3-psycopg", "redis-server", "redis-tools", "postgresql",
     "chrony", "prometheus-node-exporter", "python3-apt", "ca-certificates", "procps",
     "iputils-ping", "etcd-server", "etcd-client", "python3-etcd3gw",
+    "cron",  # not a role's: tests/bench/bench_rollout.py's anchor writes cron entries (ansible.builtin.cron needs crontab)
 ]
 # dlock_postgresql's own settings: the HA mode's packages (Patroni's libraries
 # and python3-venv) and the Patroni release it pins, which the image bakes.
@@ -75,6 +76,7 @@ ROLE_PACKAGES += [name for name in POSTGRESQL_ROLE_VARS["__dlock_postgresql_ha_p
 DISABLED_UNITS = [
     "redis-server.service", "postgresql.service", "chrony.service",
     "prometheus-node-exporter.service", "etcd.service", "apt-daily.timer", "apt-daily-upgrade.timer",
+    "cron.service",
 ]
 IMAGE_REVISION = 1  # bump when the build steps change in a way the lists above do not show
 
@@ -197,6 +199,24 @@ def cgroup_pids(name):
                     if exc.errno not in (errno.ENOENT, errno.ENODEV):
                         raise
     return pids
+
+
+def node_memory_kib(name):
+    """The node's resident memory in KiB: the proportional set size (Pss,
+    /proc/PID/smaps_rollup) of every process in its cgroup, so pages the
+    nodes share (the image's files, mapped by every node) count once across
+    the lab. None for a node with no process."""
+    total = None
+    for pid in cgroup_pids(name):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total = (total or 0) + int(line.split()[1])
+                        break
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # exited meanwhile
+    return total
 
 
 def _process_state(pid):
@@ -849,8 +869,9 @@ class Lab:
         return r
 
     def status(self, logins=True):
-        """One dict per node: name, group, addr, pid, running, link, delay, and
-        (with logins: one SSH login per node) system, systemd's state."""
+        """One dict per node: name, group, addr, pid, running, link, delay,
+        memory_kib (node_memory_kib), and (with logins: one SSH login per
+        node) system, systemd's state."""
         state = self._load_state()
         links = {link["ifname"]: link for link in json.loads(run(["ip", "-j", "link", "show"]).stdout)}
         result = []
@@ -863,6 +884,7 @@ class Lab:
                 **n, "pid": pid, "running": pid is not None,
                 "link": "missing" if link is None else ("up" if "UP" in link["flags"] else "down"),
                 "delay": None if not helpers else {"ms": float(helpers[0][1][-2]), "loss": float(helpers[0][1][-1])},
+                "memory_kib": node_memory_kib(name) if pid is not None else None,
             })
 
         def system_state(entry):
@@ -1018,6 +1040,10 @@ def main(argv=None):
             names = lab.up(args.nodes, timeout=args.timeout, backends=args.backends)
             sys.stdout.write(f"up: {len(names)} nodes running after {time.monotonic() - started:.1f}s; "
                              f"inventory {lab.inventory}\n")
+            memory = sorted(node_memory_kib(name) or 0 for name in names)
+            sys.stdout.write(f"up: memory (Pss) {sum(memory) / 1024:.0f}MiB in all; a node "
+                             f"{memory[0] / 1024:.0f}-{memory[-1] / 1024:.0f}MiB, median "
+                             f"{memory[len(memory) // 2] / 1024:.0f}MiB\n")
         elif args.command == "down":
             lab.down()
             sys.stdout.write(f"down: lab {lab.prefix} removed in {time.monotonic() - started:.1f}s\n")
@@ -1029,9 +1055,10 @@ def main(argv=None):
                 sys.stdout.write(f"lab {lab.prefix}: no nodes\n")
             for e in [] if args.json else entries:
                 delay = f"{e['delay']['ms']:g}ms/{e['delay']['loss']:g}%" if e["delay"] else "-"
+                memory = "-" if e["memory_kib"] is None else f"{e['memory_kib'] / 1024:.0f}MiB"
                 sys.stdout.write(f"{e['name']:<16} {e['group']:<14} {e['addr']:<12} pid={e['pid'] or '-':<8} "
                                  f"{'running' if e['running'] else 'stopped':<8} link={e['link']:<5} "
-                                 f"delay={delay:<10} system={e['system']}\n")
+                                 f"delay={delay:<10} mem={memory:<9} system={e['system']}\n")
         elif args.command == "inventory":
             if not os.path.exists(lab.inventory):
                 raise LabError(f"lab {lab.prefix} is not up")

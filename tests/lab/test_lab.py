@@ -35,6 +35,12 @@ def test_nodes_booted(lab):
         assert lab.ssh(node, "hostname", check=True).stdout.strip() == node
 
 
+def test_status_gives_each_running_node_its_memory(lab):
+    # systemd, journald and sshd at the least: more than a MiB each.
+    for entry in lab.status(logins=False):
+        assert entry["running"] and entry["memory_kib"] > 1024, entry
+
+
 def test_up_again_reuses_everything(lab):
     pids = [lab.pid(n) for n in lab.nodes]
     started = time.monotonic()
