@@ -64,8 +64,10 @@ def _status_rows(settings, jobs):
     rows, failure = [], None
     try:
         try:
-            for job, key in jobs:
-                row = backend.query(key).as_dict()
+            # One batch, not a round trip per lock (Backend.query_many).
+            views = backend.query_many([key for _job, key in jobs])
+            for (job, _key), view in zip(jobs, views):
+                row = view.as_dict()
                 row["job"] = job
                 rows.append(row)
         except BackendError as exc:
