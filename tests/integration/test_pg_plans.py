@@ -35,7 +35,7 @@ STATEMENTS = {
                                            dict(RELEASE, min_hold_ms=0, last='{"result": "success"}')),
     "wake the first waiter": (pg_common.WAKE_FIRST, {"key": KEY}),
     "unlock, advisory": (pg_advisory.UNLOCK, {"id": 1, "key": KEY}),
-    "query": (pg_common.QUERY, (KEY,)),
+    "query": (pg_common.QUERY, ([KEY],)),
     "waiters": (pg_common.WAITERS, (KEY,)),
     "join the line": (pg_common.JOIN_QUEUE, {"key": KEY, "owner": OWNER, "ttl_ms": 3000}),
     "leave the line": (pg_common.LEAVE_QUEUE, {"key": KEY, "owner": OWNER}),

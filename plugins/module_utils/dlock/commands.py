@@ -9,14 +9,15 @@ import time
 
 from . import clock, lockstate, report, validate
 from .backends import open_backend
-from .config import load_settings
+from .config import load_job_settings, load_settings
 from .errors import EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
 from .validate import format_duration
 
 
 def _jobs_to_show(settings, args, flags):
     """([(job, key)], [(job, why its file does not load)]): the job or key
-    named, else every job of the jobs directory. A job file that does not
+    named, else every job of the jobs directory, each loaded on top of
+    `settings` (the global file is read once). A job file that does not
     load hides that job only: the others are still shown and exported."""
     if getattr(args, "key", None):
         return [(args.job or "-", args.key)], []
@@ -29,7 +30,7 @@ def _jobs_to_show(settings, args, flags):
     jobs, invalid = [], []
     for name in names:
         try:
-            jobs.append((name, load_settings(flags, job=name).key))
+            jobs.append((name, load_job_settings(settings, flags, name).key))
         except ConfigError as exc:
             invalid.append((name, str(exc)))
     return jobs, invalid
@@ -63,8 +64,10 @@ def _status_rows(settings, jobs):
     rows, failure = [], None
     try:
         try:
-            for job, key in jobs:
-                row = backend.query(key).as_dict()
+            # One batch, not a round trip per lock (Backend.query_many).
+            views = backend.query_many([key for _job, key in jobs])
+            for (job, _key), view in zip(jobs, views):
+                row = view.as_dict()
                 row["job"] = job
                 rows.append(row)
         except BackendError as exc:

@@ -5,6 +5,7 @@ defaults. Files are JSON (Ansible writes them with to_nice_json). Unknown
 keys, bad values and missing files are ConfigErrors naming the file and field.
 """
 
+import copy
 import os
 
 from . import validate
@@ -83,6 +84,8 @@ class Settings(object):
         self.jobs_dir = DEFAULT_JOBS_DIR
         self.metrics_dir = None
         self.options = None
+        self.defaults = {}  # the global file's `defaults`, under every job's options
+        self.scheme = None  # the backend URL's scheme, whose rules the options follow
         self.config_path = None
         self.job_path = None
         self.cgroup = True  # a cgroup of its own for the job where one can be made (DLOCK_CGROUP)
@@ -106,22 +109,40 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     settings.cgroup = validate.choice(os.environ.get("DLOCK_CGROUP", "auto"), "DLOCK_CGROUP (environment)",
                                       CGROUP_MODES) == "auto"
     global_cfg, where = _load_global(settings, flags)
-    defaults = global_cfg.get("defaults") or {}
+    settings.defaults = global_cfg.get("defaults") or {}
     settings.jobs_dir = flags.get("jobs_dir") or global_cfg.get("jobs_dir") or DEFAULT_JOBS_DIR
     job_cfg = _load_job(settings, job, job_must_exist or (need_command and not command))
-    job_where = "job file %s" % settings.job_path
-    scheme = _load_backend(settings, flags, global_cfg, where)
+    settings.scheme = _load_backend(settings, flags, global_cfg, where)
     if job is None:
-        settings.options = _lock_options(defaults, {}, flags, where, scheme)
+        settings.options = _lock_options(settings.defaults, {}, flags, where, settings.scheme)
         settings.key = validate.lock_key(flags["key"], "--key") if flags.get("key") else None
         return settings
-    settings.key = _job_key(flags, job_cfg, job, job_where)
-    settings.options = _lock_options(defaults, job_cfg, flags, job_where, scheme)
+    _load_job_fields(settings, flags, job_cfg, command, need_command, rerun, reason)
+    return settings
+
+
+def load_job_settings(node, flags, job):
+    """The settings of `job` on top of `node`, what load_settings(flags)
+    gave: as load_settings(flags, job=job) would give them, without reading
+    and checking the global file, the password and the CA file again for
+    each job (`dlock status` and `dlock metrics` load every job of the jobs
+    directory). The job file's checks are the same."""
+    settings = copy.copy(node)
+    job_cfg = _load_job(settings, job, required=False)
+    _load_job_fields(settings, flags, job_cfg)
+    return settings
+
+
+def _load_job_fields(settings, flags, job_cfg, command=None, need_command=False, rerun=None, reason=None):
+    """What the job file decides: the key, the lock options, the rerun and
+    what the job runs (settings holds the global file's part)."""
+    job_where = "job file %s" % settings.job_path
+    settings.key = _job_key(flags, job_cfg, settings.job, job_where)
+    settings.options = _lock_options(settings.defaults, job_cfg, flags, job_where, settings.scheme)
     if "description" in job_cfg:
         validate.text(job_cfg["description"], "%s: description" % job_where, allow_empty=True)
     _load_rerun(settings, rerun, reason)
     _load_job_run(settings, job_cfg, command, need_command, job_where)
-    return settings
 
 
 def _load_global(settings, flags):

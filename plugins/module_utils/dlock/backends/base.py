@@ -207,6 +207,14 @@ class Backend(object):
     def query(self, key):
         raise NotImplementedError
 
+    def query_many(self, keys):
+        """[query(key) for each of keys], in their order: `dlock status` and
+        `dlock metrics` read every job's lock at once. A backend that can
+        read many keys in one round trip (or a few) does so; each view is
+        the one query() gives, its server_time from the same clock. The
+        default asks once per key."""
+        return [self.query(key) for key in keys]
+
     def describe(self, cluster=False):
         """Which member of the backend answered the last operation, and with
         cluster=True the cluster's health as this node sees it (`dlock

@@ -68,6 +68,9 @@ class EpochBackend(object):
     def query(self, key):
         return self._view(self._backend.query(key))
 
+    def query_many(self, keys):
+        return [self._view(view) for view in self._backend.query_many(keys)]
+
     def force_release(self, key):
         return self._view(self._backend.force_release(key))
 

@@ -24,6 +24,11 @@ from .etcd_keys import KeyNames
 from .etcd_line import EtcdLine
 
 DEFAULT_PORT = 2379
+# etcd refuses a transaction of more operations than its --max-txn-ops,
+# 128 unless the cluster sets it otherwise: query_many reads three keys a
+# lock, so at most 42 locks a transaction.
+MAX_TXN_OPS = 128
+KEYS_PER_TXN = MAX_TXN_OPS // 3
 
 
 class EtcdBackend(Backend):
@@ -169,12 +174,25 @@ class EtcdBackend(Backend):
         return before
 
     def query(self, key):
-        names = (self.names.lock(key), self.names.fence(key), self.names.last(key))
-        # One read-only transaction: the three keys at one revision.
-        answer = self.gateway.txn([], [{"request_range": {"key": b64(name)}} for name in names], [])
-        held, fence_kv, last_kv = (first_kv(response) for response in answer["responses"])
-        last = (last_kv.record() or None) if last_kv is not None else None
-        return lock_view(self.gateway, key, held, last, fence_kv.mod_revision if fence_kv is not None else 0)
+        return self.query_many([key])[0]
+
+    def query_many(self, keys):
+        """A read-only transaction for each KEYS_PER_TXN keys: their lock,
+        fence and last keys at one revision. A held lock's lease is then
+        asked for its time left (lock_view): a request for each held lock."""
+        views = []
+        for start in range(0, len(keys), KEYS_PER_TXN):
+            chunk = keys[start:start + KEYS_PER_TXN]
+            names = [name for key in chunk
+                     for name in (self.names.lock(key), self.names.fence(key), self.names.last(key))]
+            answer = self.gateway.txn([], [{"request_range": {"key": b64(name)}} for name in names], [])
+            kvs = [first_kv(response) for response in answer["responses"]]
+            for index, key in enumerate(chunk):
+                held, fence_kv, last_kv = kvs[3 * index:3 * index + 3]
+                last = (last_kv.record() or None) if last_kv is not None else None
+                views.append(lock_view(self.gateway, key, held, last,
+                                       fence_kv.mod_revision if fence_kv is not None else 0))
+        return views
 
     # -- waiting: etcd_line.py ---------------------------------------------------
     def join_queue(self, key, owner, ttl):

@@ -39,12 +39,17 @@ from ..errors import BackendError
 from .base import Grant, grant_not_counted
 from .pg_common import FORCE_RELEASE, NOTIFY_FIRST, PgBackend, Refused
 
-HOLDER_PIDS = """
-SELECT pid FROM pg_locks
+# The advisory locks of this database that sessions hold, as pg_locks shows
+# a lock_id: split in classid (high 32 bits) and objid (low 32 bits).
+HELD_LOCKS = """
+  FROM pg_locks
  WHERE locktype = 'advisory' AND granted AND objsubid = 1
-   AND classid = %s::bigint::oid AND objid = %s::bigint::oid
    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
+HOLDER_PIDS = "SELECT pid" + HELD_LOCKS + "   AND classid = %s::bigint::oid AND objid = %s::bigint::oid"
+# Which of a list of lock ids are held (query_many: one round trip for all).
+HELD_IDS = ("SELECT DISTINCT (classid::bigint << 32) | objid::bigint" + HELD_LOCKS
+            + "   AND (classid::bigint << 32) | objid::bigint = ANY(%s::bigint[])")
 
 
 # Unlock, and wake the waiters: only now can one of them take the lock.
@@ -179,8 +184,13 @@ class PgAdvisoryBackend(PgBackend):
             return holder
         return self.session.run(force, write=True)
 
-    def _query(self, conn, key):
-        holder = PgBackend._query(self, conn, key)
-        if holder.owner is not None and not _holder_pids(conn, key) and holder.ttl_remaining is None:
-            holder.owner = None  # row says held by a session, but no session holds the lock
-        return holder
+    def _query_many(self, conn, keys):
+        views = PgBackend._query_many(self, conn, keys)
+        by_session = [view for view in views if view.owner is not None and view.ttl_remaining is None]
+        if by_session:
+            ids = [lock_id(view.key) for view in by_session]
+            held = set(row[0] for row in conn.execute(HELD_IDS, (ids,)).fetchall())
+            for view, ident in zip(by_session, ids):
+                if ident not in held:
+                    view.owner = None  # row says held by a session, but no session holds the lock
+        return views

@@ -189,11 +189,15 @@ UPDATE dlock_slot SET owner = %(marker)s
 SLOT_OWNER = "SELECT owner FROM dlock_slot WHERE key = %s AND slot = %s AND expires_at > clock_timestamp()"
 PRUNE_SLOTS = "DELETE FROM dlock_slot WHERE key = %s AND expires_at < clock_timestamp()"
 
+# The locks of a list of keys (text[]): a row for each, in the list's order,
+# the lease columns NULL for a key that has no row (never granted, nobody in
+# line), the server's clock in every row. One statement for one key or many.
 QUERY = """
-SELECT owner, fence, extract(epoch FROM acquired_at)::float8,
-       extract(epoch FROM expires_at - clock_timestamp())::float8, last_run,
-       extract(epoch FROM clock_timestamp())::float8, expires_at IS NULL OR expires_at > clock_timestamp()
-  FROM dlock_lease WHERE key = %s
+SELECT l.key IS NOT NULL, l.owner, l.fence, extract(epoch FROM l.acquired_at)::float8,
+       extract(epoch FROM l.expires_at - clock_timestamp())::float8, l.last_run,
+       extract(epoch FROM clock_timestamp())::float8, l.expires_at IS NULL OR l.expires_at > clock_timestamp()
+  FROM unnest(%s::text[]) WITH ORDINALITY AS k(key, n) LEFT JOIN dlock_lease l ON l.key = k.key
+ ORDER BY k.n
 """
 
 # Each release answers whether it freed the lock while someone may be in
@@ -253,6 +257,17 @@ FORCE_RELEASE = """
 UPDATE dlock_lease SET owner = NULL, expires_at = clock_timestamp()
  WHERE key = %(key)s AND owner IS NOT NULL
 RETURNING """ + NOTIFY_FIRST
+
+
+def _lock_view(key, row):
+    """The LockView of key's row of QUERY."""
+    found, owner, fence, acquired_at, ttl_left, last, now, live = row
+    if not found:
+        return LockView(key, server_time=now)
+    # fence 0: a row a waiter's ticket made before any grant (no fence was ever given).
+    return LockView(key, owner=owner if live else None, fence=fence or None, acquired_at=acquired_at,
+                    ttl_remaining=max(0.0, ttl_left) if (ttl_left is not None and live and owner) else None,
+                    last=last, server_time=now)
 
 
 class Refused(Exception):
@@ -373,18 +388,17 @@ class PgBackend(Backend):
         return self.session.run(query)
 
     def _query(self, conn, key):
-        row = conn.execute(QUERY, (key,)).fetchone()
-        if row is None:
-            now = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
-            return LockView(key, server_time=now)
-        owner, fence, acquired_at, ttl_left, last, now, live = row
-        # fence 0: a row a waiter's ticket made before any grant (no fence was ever given).
-        return LockView(key, owner=owner if live else None, fence=fence or None, acquired_at=acquired_at,
-                        ttl_remaining=max(0.0, ttl_left) if (ttl_left is not None and live and owner) else None,
-                        last=last, server_time=now)
+        return self._query_many(conn, [key])[0]
+
+    def _query_many(self, conn, keys):
+        return [_lock_view(key, row) for key, row in zip(keys, conn.execute(QUERY, (keys,)).fetchall())]
 
     def query(self, key):
         return self.session.run(lambda conn: self._query(conn, key))
+
+    def query_many(self, keys):
+        """One statement for all keys (QUERY): one round trip."""
+        return self.session.run(lambda conn: self._query_many(conn, keys))
 
     def _refusal(self, conn, key, slot, status):
         if status in ("future", "unknown"):  # a rerun refused

@@ -229,6 +229,21 @@ def _slot_marker(key, slot):
     return "dlock:{%s}:slot:%d" % (key, slot.number)
 
 
+def _lock_view(key, lease, pttl, counter, last_json, now):
+    """The LockView of query_many's five replies for key."""
+    owner, acquired_ms, lease_fence = lease
+    sec, usec = now
+    return LockView(
+        key,
+        owner=owner,
+        fence=int(lease_fence or counter or 0),
+        acquired_at=int(acquired_ms) / 1000.0 if acquired_ms else None,
+        ttl_remaining=pttl / 1000.0 if owner and pttl >= 0 else None,
+        last=json.loads(last_json) if last_json else None,
+        server_time=sec + usec / 1e6,
+    )
+
+
 class NoAnswer(BackendError):
     """A request sent with no answer (a timeout, a lost connection): it may
     or may not have run on the server."""
@@ -362,23 +377,21 @@ class RedisBackend(Backend):
         return before
 
     def query(self, key):
-        lease, fence, last = _keys(key)
+        return self.query_many([key])[0]
+
+    def query_many(self, keys):
+        """One MULTI/EXEC for all keys: one round trip, and no write of
+        another client between the reads of a key (nor between the keys)."""
         pipe = self.client.pipeline(transaction=True)
-        pipe.hmget(lease, "owner", "acquired_ms", "fence")
-        pipe.pttl(lease)
-        pipe.get(fence)
-        pipe.get(last)
-        pipe.time()
-        (owner, acquired_ms, lease_fence), pttl, counter, last_json, (sec, usec) = self._call(pipe.execute)
-        return LockView(
-            key,
-            owner=owner,
-            fence=int(lease_fence or counter or 0),
-            acquired_at=int(acquired_ms) / 1000.0 if acquired_ms else None,
-            ttl_remaining=pttl / 1000.0 if owner and pttl >= 0 else None,
-            last=json.loads(last_json) if last_json else None,
-            server_time=sec + usec / 1e6,
-        )
+        for key in keys:
+            lease, fence, last = _keys(key)
+            pipe.hmget(lease, "owner", "acquired_ms", "fence")
+            pipe.pttl(lease)
+            pipe.get(fence)
+            pipe.get(last)
+            pipe.time()
+        replies = self._call(pipe.execute)
+        return [_lock_view(key, *replies[5 * index:5 * index + 5]) for index, key in enumerate(keys)]
 
     # -- waiting --------------------------------------------------------------
     def join_queue(self, key, owner, ttl):
