@@ -51,6 +51,7 @@ from rollout import ansible_playbook, site  # noqa: E402
 ANCHOR = os.path.join(HERE, "anchor_cron_flock.yml")
 RECAP = re.compile(r"^\S+\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)", re.M)
 TARGET_FIRST, TARGET_AGAIN, TARGET_GROWTH = 1.5, 1.2, 1.2
+TIMEOUT = 3600  # one playbook run at most: the suite's 900 s is too short for site.yml on 20 busy nodes
 
 
 def jobs_of(nodes, count):
@@ -138,10 +139,10 @@ def main():
                                             jobs_of(lab.group("dlock_nodes"), size))
                 if kind == "anchor":
                     def run():
-                        return ansible_playbook(lab, ANCHOR, {}, "-i", inventory, check=False)
+                        return ansible_playbook(lab, ANCHOR, {}, "-i", inventory, check=False, timeout=TIMEOUT)
                 else:
                     def run():
-                        return site(lab, "redis", {}, "-i", inventory, check=False)
+                        return site(lab, "redis", {}, "-i", inventory, check=False, timeout=TIMEOUT)
                 first, again = measured(lab, run), measured(lab, run)
                 if again["changed"]:
                     raise RuntimeError("%s at %d jobs: the re-run changed %d" % (kind, size, again["changed"]))

@@ -45,7 +45,7 @@ def _env():
     return env
 
 
-def ansible_playbook(lab, playbook, extra_vars, *args, check=True, capture=True, env=None):
+def ansible_playbook(lab, playbook, extra_vars, *args, check=True, capture=True, env=None, timeout=900):
     """ansible-playbook PLAYBOOK against the lab's inventory; extra vars go in a
     temp file (never on the command line), ENV adds to its environment. A
     relative PLAYBOOK is one of the collection's. Returns the CompletedProcess."""
@@ -57,7 +57,7 @@ def ansible_playbook(lab, playbook, extra_vars, *args, check=True, capture=True,
     try:
         done = subprocess.run(["ansible-playbook", "-i", lab.inventory, playbook,
                                "-e", "@" + varfile] + list(args),
-                              env=dict(_env(), **(env or {})), capture_output=capture, text=True, timeout=900, check=False)
+                              env=dict(_env(), **(env or {})), capture_output=capture, text=True, timeout=timeout, check=False)
     finally:
         os.unlink(varfile)
     if check and done.returncode != 0:
@@ -158,7 +158,7 @@ def rollout_key(backend_type, extra_vars, args):
     return (backend_type, json.dumps(extra_vars, sort_keys=True), tuple(a for a in args if a not in OUTPUT_ONLY_ARGS))
 
 
-def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
+def site(lab, backend_type, extra_vars, *args, check=True, capture=True, timeout=900):
     """site.yml with dlock_backend_type: the backend role on the backend nodes
     (as many as backend_count wants, booted or removed first), chrony, the
     runner, the jobs and the metrics. The backend password is generated once
@@ -170,7 +170,7 @@ def site(lab, backend_type, extra_vars, *args, check=True, capture=True):
     site_vars.update(extra_vars)
     LAST_ROLLOUT.pop(lab.prefix, None)
     done = ansible_playbook(lab, "playbooks/site.yml", site_vars, "-i", clock_inventory(lab), *args,
-                            check=check, capture=capture)
+                            check=check, capture=capture, timeout=timeout)
     if done.returncode == 0 and "--check" not in args and "-C" not in args:
         LAST_ROLLOUT[lab.prefix] = rollout_key(backend_type, extra_vars, args)
         LAST_BACKEND[lab.prefix] = rollout_key(backend_type, extra_vars, ())

@@ -1,0 +1,205 @@
+"""Slot accuracy on a 20-node lab, and the handoff between nodes beside `etcdctl lock`.
+
+Not part of the pass/fail suite. Boots a lab of --nodes job nodes and one
+backend node (prefix dlky on 10.77.31.0/24 unless DLOCK_BENCH_LAB_PREFIX
+/_SUBNET say otherwise) and rolls out site.yml with a Redis backend and one
+job, `slots`: every --period seconds on every node, once per period, its
+command `date` and its run id into the journal, the job's first instruction.
+The nodes share the host's kernel clock, so every node's lines merge into one
+timeline.
+
+- slot accuracy: --slots slots with the role's timer as an operator sets
+  it for a frequent job (AccuracySec=100ms, RandomizedDelaySec=0), then as
+  many with RandomizedDelaySec=1s (a drop-in on every node): how late the
+  winning job starts after its slot's boundary, p50/p99/max (target, issue
+  26: p99 at most 1 s without a randomized delay), the slots with no run,
+  and how many nodes lose each slot (their runners' skipped_duplicate and
+  skipped_locked lines).
+- handoff: an etcd member on the backend node (plain, for this bench only);
+  --waiters job nodes each run a loop of --grants commands under one lock at
+  once, each command writing its start and end time: `dlock run
+  --on-contention wait` on that etcd, and `etcdctl lock` on the same etcd,
+  in turn (--rounds rounds, alternating). From every node's times merged,
+  the handoff is the next command's start less the previous one's end
+  (target: ours at most etcdctl's). Two commands overlapping would be a
+  failure of mutual exclusion: the bench stops.
+
+  python tests/bench/bench_lab_fleet.py [--nodes 20] [--period 5] [--slots 24]
+                                        [--waiters 8] [--grants 10] [--rounds 2] [--keep]
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path[:0] = [os.path.join(ROOT, "tests", "lab"), os.path.join(ROOT, "tests")]
+
+import ledger  # noqa: E402
+from lab import Lab, node_memory_kib  # noqa: E402
+from rollout import site  # noqa: E402
+
+JOB = "slots"
+UNIT = "dlock-%s" % JOB
+MARK = "SLOTSTART"
+ETCD_PORT = 2379
+TARGET_SLOT_P99 = 1.0
+
+
+def percentile(values, share):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def boundary_seconds(run_id):
+    """JOB@2026-11-27T05:00:05Z -> the boundary's epoch seconds."""
+    stamp = run_id.split("@", 1)[1]
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def slot_phase(lab, since, until):
+    """What the journals say of the slots whose boundary is in [since, until)."""
+    starts, losers = {}, {}
+    for _node, _at, message in ledger.journal(lab, UNIT + ".service", since):
+        if message.startswith(MARK + " "):
+            _mark, started, run_id = message.split()
+            starts.setdefault(run_id, []).append(float(started))
+        elif message.startswith("{"):
+            record = json.loads(message)
+            if record.get("result") in ("skipped_duplicate", "skipped_locked") and record.get("run_id"):
+                losers[record["run_id"]] = losers.get(record["run_id"], 0) + 1
+    slots = dict((run_id, times) for run_id, times in starts.items() if since <= boundary_seconds(run_id) < until)
+    twice = [run_id for run_id, times in slots.items() if len(times) > 1]
+    if twice:
+        raise RuntimeError("slots run more than once: %s" % twice)
+    late = [times[0] - boundary_seconds(run_id) for run_id, times in slots.items()]
+    lost = [losers.get(run_id, 0) for run_id in slots]
+    return {"slots_run": len(slots), "late_p50": round(percentile(late, 0.5), 3),
+            "late_p99": round(percentile(late, 0.99), 3), "late_max": round(max(late), 3) if late else None,
+            "losers_per_slot": round(statistics.mean(lost), 1) if lost else None}
+
+
+def run_slots(lab, nodes, period, count, delay):
+    """Timers on with RandomizedDelaySec=DELAY for COUNT periods; returns the figures."""
+    dropin = "/etc/systemd/system/%s.timer.d" % UNIT
+    command = ("mkdir -p {d} && printf '[Timer]\\nRandomizedDelaySec=%s\\n' > {d}/bench.conf && systemctl daemon-reload "
+               "&& systemctl restart {u}.timer").format(d=dropin, u=UNIT) % delay
+    with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
+        list(pool.map(lambda node: lab.ssh(node, command, check=True), nodes))
+    since = (int(time.time() / period) + 1) * period  # the next boundary: every timer is armed by then
+    until = since + count * period
+    time.sleep(until - time.time() + period + delay + 3)  # the last slot's runs end, and their lines are written
+    with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
+        list(pool.map(lambda node: lab.ssh(node, "systemctl stop %s.timer" % UNIT, check=True), nodes))
+    return slot_phase(lab, since, until)
+
+
+def handoff_round(lab, nodes, kind, grants, etcd_url):
+    """Each node a loop of GRANTS commands under one lock, all at once;
+    returns the handoffs (seconds) between consecutive commands."""
+    body = "echo S $(date +%s.%N) >> /tmp/handoff; sleep 0.05; echo E $(date +%s.%N) >> /tmp/handoff"
+    if kind == "dlock":
+        one = ("dlock run --config /etc/dlock/bench-etcd.json --job handoff --on-contention wait --ttl 30s "
+               "--wait-timeout 10m -- sh -c '%s'" % body)
+    else:
+        one = "ETCDCTL_API=3 etcdctl --endpoints=%s lock handoff-etcdctl sh -c '%s'" % (etcd_url, body)
+    script = "rm -f /tmp/handoff; for i in $(seq %d); do %s >/dev/null || exit 1; done; cat /tmp/handoff" % (grants, one)
+
+    def loop(node):
+        return lab.ssh(node, script, check=True, timeout=900).stdout.split("\n")
+    intervals = []
+    with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
+        for lines in pool.map(loop, nodes):
+            times = [float(line.split()[1]) for line in lines if line.strip()]
+            intervals += list(zip(times[0::2], times[1::2]))
+    intervals.sort()
+    if len(intervals) != grants * len(nodes):
+        raise RuntimeError("%s: %d commands ran, not %d" % (kind, len(intervals), grants * len(nodes)))
+    handoffs = [after[0] - before[1] for before, after in zip(intervals, intervals[1:])]
+    if min(handoffs) < 0:
+        raise RuntimeError("%s: two commands overlapped (%.3fs): mutual exclusion failed" % (kind, min(handoffs)))
+    return handoffs
+
+
+def start_etcd(lab, backend):
+    address = lab.addr(backend)
+    lab.ssh(backend, "systemctl stop bench-etcd 2>/dev/null; rm -rf /var/tmp/bench-etcd; systemd-run --unit bench-etcd "
+            "etcd --name bench --data-dir /var/tmp/bench-etcd --listen-client-urls http://0.0.0.0:%d "
+            "--advertise-client-urls http://%s:%d --listen-peer-urls http://127.0.0.1:2390 "
+            "--initial-advertise-peer-urls http://127.0.0.1:2390 --initial-cluster bench=http://127.0.0.1:2390"
+            % (ETCD_PORT, address, ETCD_PORT), check=True)
+    url = "http://%s:%d" % (address, ETCD_PORT)
+    deadline = time.monotonic() + 60
+    while lab.ssh(backend, "ETCDCTL_API=3 etcdctl --endpoints=%s endpoint health" % url).returncode != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the bench's etcd did not start on %s" % backend)
+        time.sleep(0.5)
+    return url
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--period", type=int, default=5)
+    parser.add_argument("--slots", type=int, default=24)
+    parser.add_argument("--waiters", type=int, default=8)
+    parser.add_argument("--grants", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--keep", action="store_true", help="leave the lab up at the end")
+    args = parser.parse_args()
+    lab = Lab(os.environ.get("DLOCK_BENCH_LAB_PREFIX", "dlky"), os.environ.get("DLOCK_BENCH_LAB_SUBNET", "10.77.31"))
+    os.environ["ANSIBLE_FORKS"] = str(args.nodes + 1)
+    started = time.monotonic()
+    names = lab.up(nodes=args.nodes, backends=1)
+    memory = [node_memory_kib(name) or 0 for name in names]
+    print("lab %s: %d nodes booted in %.1fs; memory (Pss) %.0f MiB in all, at most %.1f MiB a node"
+          % (lab.prefix, len(names), time.monotonic() - started, sum(memory) / 1024.0, max(memory) / 1024.0))
+    job = {"name": JOB, "command": ["/bin/sh", "-c", 'echo "%s $(date +%%s.%%N) $DLOCK_RUN_ID"' % MARK],
+           "schedule": "*:*:0/%d" % args.period, "once_per": "%ds" % args.period, "ttl": "%ds" % args.period}
+    try:
+        started = time.monotonic()
+        site(lab, "redis", {"dlock_jobs_list": [job], "dlock_jobs_accuracy": "100ms"}, timeout=3600)
+        nodes = lab.group("dlock_nodes")
+        print("site.yml on %d nodes in %.0fs" % (len(names), time.monotonic() - started))
+        memory = [node_memory_kib(name) or 0 for name in nodes]
+        print("job nodes after site.yml: memory (Pss) at most %.1f MiB a node" % (max(memory) / 1024.0))
+        print("\nslot accuracy, %d nodes, a slot every %ds, %d slots each:" % (len(nodes), args.period, args.slots))
+        print("%-22s %9s %9s %9s %9s %9s" % ("RandomizedDelaySec", "slots run", "late p50", "late p99", "late max",
+                                             "losers"))
+        for delay in ("0", "1s"):
+            row = run_slots(lab, nodes, args.period, args.slots, delay)
+            print("%-22s %9d %9.3f %9.3f %9.3f %9.1f%s" % (
+                delay, row["slots_run"], row["late_p50"], row["late_p99"], row["late_max"], row["losers_per_slot"],
+                "  target p99 <= %gs: %s" % (TARGET_SLOT_P99, "met" if row["late_p99"] <= TARGET_SLOT_P99 else "NOT met")
+                if delay == "0" else ""))
+        backend = lab.group("dlock_backend")[0]
+        url = start_etcd(lab, backend)
+        waiters = nodes[:args.waiters]
+        for node in waiters:
+            lab.ssh(node, "install -m 0644 /dev/stdin /etc/dlock/bench-etcd.json", check=True,
+                    input=json.dumps({"backend": "etcd://%s:%d" % (lab.addr(backend), ETCD_PORT)}))
+        handoffs = {"dlock": [], "etcdctl": []}
+        for round_number in range(args.rounds):
+            for kind in (("dlock", "etcdctl") if round_number % 2 == 0 else ("etcdctl", "dlock")):
+                handoffs[kind] += handoff_round(lab, waiters, kind, args.grants, url)
+        print("\nhandoff, %d waiters on %d nodes, %d grants each, %d rounds (ms):" % (
+            len(waiters), len(waiters), args.grants, args.rounds))
+        print("%-9s %7s %7s %7s %7s" % ("", "count", "p50", "p99", "max"))
+        for kind, values in handoffs.items():
+            print("%-9s %7d %7.1f %7.1f %7.1f" % (
+                kind, len(values), 1000 * percentile(values, 0.5), 1000 * percentile(values, 0.99), 1000 * max(values)))
+        ratio = percentile(handoffs["dlock"], 0.5) / percentile(handoffs["etcdctl"], 0.5)
+        print("dlock / etcdctl, p50: %.2fx (target <= 1: %s)" % (ratio, "met" if ratio <= 1 else "NOT met"))
+    finally:
+        if not args.keep:
+            lab.down()
+
+
+if __name__ == "__main__":
+    main()
