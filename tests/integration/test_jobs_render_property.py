@@ -22,8 +22,8 @@ from ansible_cli import ROOT
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import (
-    CALENDAR_SHORTHANDS, SCHEDULE, dlock_jobs, schedule_period)
+from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import dlock_jobs
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.jobs import CALENDAR_SHORTHANDS, SCHEDULE, schedule_period
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import CONTROL
 
 ROLE = os.path.join(ROOT, "roles", "dlock_jobs")
