@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: dlock_job_units
 short_description: Write a node's dlock jobs, their units and timers, in one call
-version_added: 0.5.0
+version_added: 0.3.0
 description:
   - Writes every job of the C(dlock.fleet.dlock_jobs) role on a node in one call - the job file
     (O(jobs_dir)/NAME.json), the service unit and the timer unit (O(unit_dir)/dlock-NAME.service and .timer)
