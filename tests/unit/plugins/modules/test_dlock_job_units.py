@@ -11,6 +11,8 @@ import os
 import stat
 
 import pytest
+import yaml
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Failure
@@ -251,3 +253,17 @@ def test_a_fifo_at_a_file_s_path_is_refused_not_waited_on(node):
     # A removed job's FIFO is simply removed.
     assert node([dict(name="report", state="absent")])["jobs"]["report"]["changed"]
     assert not os.path.lexists(paths(node, "report")[2])
+
+
+def test_the_examples_pass_the_argument_spec_and_the_job_rules(node):
+    tasks = yaml.safe_load(module.EXAMPLES)
+    assert len(tasks) == 2
+    for task in tasks:
+        args = dict(task["dlock.fleet.dlock_job_units"])
+        args = dict((k, [JOB] if k == "jobs" and isinstance(v, str) else v) for k, v in args.items())  # a variable
+        args.pop("managed", None)  # a lookup on the controller
+        result = ArgumentSpecValidator(module.ARGUMENT_SPEC).validate(args)
+        assert not result.error_messages, (task["name"], result.error_messages)
+        params = dict(result.validated_parameters, jobs_dir=str(node.dir / "jobs"), unit_dir=str(node.dir / "units"),
+                      group=GROUP)
+        assert module.JobUnits(params, True, False, node.systemctl, str(node.dir / "run-systemd")).run()["changed"]
