@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filter `dlock.fleet.dlock_jobs`: validates the dlock_jobs role's job list
 on the controller, once for the whole list, before anything is written on any
-node. The rules live in module_utils/dlock/jobs.py, which the node module
+node. The rules live in module_utils/dlock_jobs.py, which the node module
 dlock_job_units runs again."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.jobs import validate_jobs
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import validate_jobs
 
 
 def dlock_jobs(jobs, defaults=None, randomized_delay=0, backend_url=""):

@@ -4,7 +4,7 @@
 wall after the preflight checks. Each refuses what could start a new line
 in its format, and escapes what the format would otherwise interpret
 (dlock_unit_value and dlock_conf_token: the rules of
-module_utils/dlock/rendering.py, which the job units' renderer calls too).
+module_utils/dlock_rendering.py, which the job units' renderer calls too).
 dlock_pg_address and dlock_conf_line apply a role variable's rule
 (plugins/plugin_utils/role_rules/) again where the value is rendered."""
 
@@ -14,7 +14,8 @@ import math
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock import rendering, validate
+from ansible_collections.dlock.fleet.plugins.module_utils import dlock_rendering as rendering
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules.chrony import conf_line
 from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules.postgresql import pg_client
@@ -28,7 +29,7 @@ def _text(value, what):
 
 
 def dlock_unit_value(value, what="unit setting", specifiers=False):
-    """A value for a systemd unit line (module_utils/dlock/rendering.py:
+    """A value for a systemd unit line (module_utils/dlock_rendering.py:
     one line, no trailing backslash, % doubled unless specifiers=true)."""
     try:
         return rendering.unit_value(value, what, specifiers)

@@ -177,9 +177,10 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock import job_units, validate
+from ansible_collections.dlock.fleet.plugins.module_utils import dlock_job_files as job_files
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.jobs import validate_jobs
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import validate_jobs
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import replace_file
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Failure, failure_message
 
@@ -222,11 +223,11 @@ class JobUnits(object):
         """(path, content, uid, gid, mode) of each of the job's three files."""
         name = job["name"]
         return [
-            (os.path.join(settings.jobs_dir, job_units.job_file_name(name)), job_units.job_file(job),
+            (os.path.join(settings.jobs_dir, job_files.job_file_name(name)), job_files.job_file(job),
              ROOT, gid, JOB_FILE_MODE),
-            (os.path.join(unit_dir, job_units.service_name(name)), job_units.service_unit(job, settings),
+            (os.path.join(unit_dir, job_files.service_name(name)), job_files.service_unit(job, settings),
              ROOT, ROOT, UNIT_MODE),
-            (os.path.join(unit_dir, job_units.timer_name(name)), job_units.timer_unit(job, settings),
+            (os.path.join(unit_dir, job_files.timer_name(name)), job_files.timer_unit(job, settings),
              ROOT, ROOT, UNIT_MODE),
         ]
 
@@ -293,7 +294,7 @@ class JobUnits(object):
 
     def _stop_timers(self, names):
         """Stop and disable the timers of removed jobs that systemd still knows."""
-        timers = dict((job_units.timer_name(name), name) for name in names)
+        timers = dict((job_files.timer_name(name), name) for name in names)
         states = self._timer_states(sorted(timers))
         stop = [timer for timer in sorted(timers) if states.get(timer, {}).get("LoadState", "not-found") != "not-found"
                 and (states[timer].get("ActiveState") != "inactive" or states[timer].get("UnitFileState") == "enabled")]
@@ -304,7 +305,7 @@ class JobUnits(object):
 
     def _start_timers(self, names):
         """Enable and start the timers that are not both enabled and active."""
-        timers = dict((job_units.timer_name(name), name) for name in names)
+        timers = dict((job_files.timer_name(name), name) for name in names)
         states = self._timer_states(sorted(timers))
         start = [timer for timer in sorted(timers) if states.get(timer, {}).get("ActiveState") != "active"
                  or states[timer].get("UnitFileState") != "enabled"]
@@ -328,9 +329,9 @@ class JobUnits(object):
         if absent and self.systemd:
             self._stop_timers(absent)  # before their files go
         for name in absent:
-            for path in (os.path.join(settings.jobs_dir, job_units.job_file_name(name)),
-                         os.path.join(unit_dir, job_units.service_name(name)),
-                         os.path.join(unit_dir, job_units.timer_name(name))):
+            for path in (os.path.join(settings.jobs_dir, job_files.job_file_name(name)),
+                         os.path.join(unit_dir, job_files.service_name(name)),
+                         os.path.join(unit_dir, job_files.timer_name(name))):
                 if self._remove(name, path):
                     changed.append(path)
         # The runner reads its job file at each run, and systemd does not look
@@ -345,7 +346,7 @@ class JobUnits(object):
         jobs = validate_jobs(params["jobs"], params["runner_defaults"], params["randomized_delay"],
                              params["backend_url"])
         unit_dir = validate.path(params["unit_dir"], "dlock_jobs_unit_dir")
-        settings = job_units.make_settings(
+        settings = job_files.make_settings(
             params["managed"], params["runner_bin"], params["jobs_dir"], params["group"], params["user"],
             params["hardening"], params["randomized_delay"], params["accuracy"], params["persistent"],
             params["password_path"], params["metrics_dir"])

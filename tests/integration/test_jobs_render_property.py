@@ -1,6 +1,6 @@
 """Property tests of the job list: Hypothesis generates job entries, hostile
 ones included; the dlock_jobs filter either refuses an entry with the field
-named, or the role's renderer (module_utils/dlock/job_units.py, which the
+named, or the role's renderer (module_utils/dlock_job_files.py, which the
 dlock_job_units module writes with) renders units that systemd-analyze verify
 accepts without a single warning and that hold exactly the intended settings.
 The period the filter holds once_per to is the smallest gap between two
@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import dlock_jobs
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock import job_units
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.jobs import CALENDAR_SHORTHANDS, SCHEDULE, schedule_period
+from ansible_collections.dlock.fleet.plugins.module_utils import dlock_job_files as job_files
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import CALENDAR_SHORTHANDS, SCHEDULE, schedule_period
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import CONTROL
 
 ROLE = os.path.join(ROOT, "roles", "dlock_jobs")
@@ -87,15 +87,15 @@ def _render(tmp_path, jobs):
     out.mkdir()
     with open(os.path.join(ROLE, "defaults", "main.yml")) as handle:
         defaults = yaml.safe_load(handle)
-    settings = job_units.Settings(
+    settings = job_files.Settings(
         managed="managed by a test", runner_bin="/bin/true", jobs_dir="/etc/dlock/jobs", group="dlock",
         user=defaults["dlock_jobs_user"], hardening=defaults["dlock_jobs_hardening"],
         randomized_delay=defaults["dlock_jobs_randomized_delay"], accuracy=defaults["dlock_jobs_accuracy"],
         persistent=defaults["dlock_jobs_persistent"], password_path="/etc/dlock/backend.password",
         metrics_dir="/var/lib/prometheus/node-exporter", credential=False)
     for job in dlock_jobs(jobs):
-        (out / job_units.service_name(job["name"])).write_text(job_units.service_unit(job, settings))
-        (out / job_units.timer_name(job["name"])).write_text(job_units.timer_unit(job, settings))
+        (out / job_files.service_name(job["name"])).write_text(job_files.service_unit(job, settings))
+        (out / job_files.timer_name(job["name"])).write_text(job_files.timer_unit(job, settings))
     return out
 
 
@@ -169,7 +169,7 @@ def test_every_accepted_entry_renders_exactly_what_was_meant(tmp_path_factory, e
         assert set(entry.get("read_write_paths", [])) <= set(rw)
         # Nothing but the intended settings: every [Service] key is one the role writes or the entry asked for.
         allowed = {"Type", "ExecStart", "SuccessExitStatus", "KillMode", "User", "Group", "SupplementaryGroups",
-                   "SyslogIdentifier", "ReadWritePaths"} | set(job_units.HARDENING) | set(entry.get("unit_settings", {}))
+                   "SyslogIdentifier", "ReadWritePaths"} | set(job_files.HARDENING) | set(entry.get("unit_settings", {}))
         assert {k for k, _v in svc} <= allowed
 
 

@@ -431,7 +431,7 @@ def test_job_entry_keys_are_documented_as_suboptions():
     """`ansible-doc -t role dlock.fleet.dlock_jobs` shows every key a job entry
     may have (the filter's list), and a full entry passes the role's spec."""
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-    from ansible_collections.dlock.fleet.plugins.module_utils.dlock.jobs import UNIT_KEYS
+    from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import UNIT_KEYS
     from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES
 
     out = subprocess.run([os.path.join(BIN, "ansible-doc"), "-t", "role", "dlock.fleet.dlock_jobs", "--json"],

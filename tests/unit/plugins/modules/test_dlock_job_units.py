@@ -2,7 +2,7 @@
 the job files and units written once and then left alone, check mode and
 diff, removed jobs, the timers through a fake systemctl, hostile entries
 refused before anything is written. The renderer itself:
-tests/unit/plugins/module_utils/dlock/test_job_units.py."""
+tests/unit/plugins/module_utils/test_dlock_job_files.py."""
 
 from __future__ import annotations
 

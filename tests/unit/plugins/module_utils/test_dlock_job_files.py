@@ -1,6 +1,6 @@
-"""The job units as rendered in Python (module_utils/dlock/job_units.py).
+"""The job units as rendered in Python (module_utils/dlock_job_files.py).
 
-The golden files (job_units_golden/) were written by the role's former
+The golden files (dlock_job_files_golden/) were written by the role's former
 templates (job.service.j2, job.timer.j2) and its copy of `to_nice_json`,
 through ansible-playbook's template and copy modules, for the jobs below
 under two sets of role settings: the renderer must write them byte for byte,
@@ -15,11 +15,11 @@ import os
 
 import pytest
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock import job_units
+from ansible_collections.dlock.fleet.plugins.module_utils import dlock_job_files as job_files
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.jobs import validate_jobs
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import validate_jobs
 
-GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "job_units_golden")
+GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dlock_job_files_golden")
 
 JOBS = [
     {"name": "report", "command": ["/usr/bin/report", "--to", "ops@example.com"], "schedule": "hourly"},
@@ -38,11 +38,11 @@ JOBS = [
 
 SETTINGS = {
     # The role's defaults, no password file on the node.
-    "defaults": job_units.Settings("Ansible managed", "/usr/local/bin/dlock", "/etc/dlock/jobs", "dlock", "root",
+    "defaults": job_files.Settings("Ansible managed", "/usr/local/bin/dlock", "/etc/dlock/jobs", "dlock", "root",
                                    True, 0, "1s", False, "/etc/dlock/backend.password",
                                    "/var/lib/prometheus/node-exporter", False),
     # Every setting changed, the password file there.
-    "other": job_units.Settings("Ansible managed", "/opt/dlock/bin/dlock", "/etc/dlock/jobs", "jobs", "nobody",
+    "other": job_files.Settings("Ansible managed", "/opt/dlock/bin/dlock", "/etc/dlock/jobs", "jobs", "nobody",
                                 False, 30, "2s", True, "/etc/dlock/pw", "", True),
 }
 
@@ -52,9 +52,9 @@ def rendered(settings):
     files = {}
     for job in validate_jobs(JOBS, {}, settings.randomized_delay, ""):
         if job["state"] == "present":
-            files[job_units.job_file_name(job["name"])] = job_units.job_file(job)
-            files[job_units.service_name(job["name"])] = job_units.service_unit(job, settings)
-            files[job_units.timer_name(job["name"])] = job_units.timer_unit(job, settings)
+            files[job_files.job_file_name(job["name"])] = job_files.job_file(job)
+            files[job_files.service_name(job["name"])] = job_files.service_unit(job, settings)
+            files[job_files.timer_name(job["name"])] = job_files.timer_unit(job, settings)
     return files
 
 
@@ -69,7 +69,7 @@ def test_the_files_are_byte_for_byte_those_the_templates_wrote(variant):
 
 def service(job, settings=SETTINGS["defaults"]):
     [checked] = validate_jobs([dict({"name": "j", "command": ["/bin/true"], "schedule": "hourly"}, **job)])
-    return job_units.service_unit(checked, settings)
+    return job_files.service_unit(checked, settings)
 
 
 def lines_of(text, key):
@@ -93,9 +93,9 @@ def test_percent_is_escaped_except_in_unit_settings():
 def test_unit_settings_override_the_hardening_and_hardening_off_drops_it():
     assert lines_of(service({"unit_settings": {"ProtectSystem": "full"}}), "ProtectSystem") == ["full"]
     off = service({"hardening": False})
-    assert not any(lines_of(off, key) for key in job_units.HARDENING)
+    assert not any(lines_of(off, key) for key in job_files.HARDENING)
     on = service({})
-    assert all(lines_of(on, key) == [value] for key, value in job_units.HARDENING.items())
+    assert all(lines_of(on, key) == [value] for key, value in job_files.HARDENING.items())
 
 
 def test_the_credential_is_named_only_when_the_password_file_exists():
@@ -114,13 +114,13 @@ def test_the_settings_are_checked_each_by_its_rule(field, value):
                   password_path="/etc/dlock/backend.password", metrics_dir="")
     values[field] = value
     with pytest.raises(ConfigError, match=field):
-        job_units.make_settings(**values)
+        job_files.make_settings(**values)
 
 
 def test_a_value_that_would_start_a_new_line_is_refused_where_it_is_rendered():
     """The second wall: even an entry that skipped validation cannot add a line."""
     job = {"name": "j", "schedule": "hourly", "description": "x\nExecStartPre=/bin/id", "file": {}}
     with pytest.raises(ConfigError, match="description"):
-        job_units.service_unit(job, SETTINGS["defaults"])
+        job_files.service_unit(job, SETTINGS["defaults"])
     with pytest.raises(ConfigError, match="schedule"):
-        job_units.timer_unit(dict(job, schedule="hourly\\"), SETTINGS["defaults"])
+        job_files.timer_unit(dict(job, schedule="hourly\\"), SETTINGS["defaults"])

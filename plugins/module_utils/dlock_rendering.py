@@ -2,17 +2,18 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The rules for a value put into a rendered file: the filters of
 plugins/filter/dlock_render.py (in the roles' templates) and the job units
-that module_utils/dlock/job_units.py renders both call these, so each
+that module_utils/dlock_job_files.py renders both call these, so each
 escaping rule has one home. Each refuses what could start a new line in its
 format, and escapes what the format would otherwise interpret; ConfigError
-names the field."""
+names the field. Beside the engine, not in module_utils/dlock/, whose
+every file the runner role installs on the nodes."""
 
 from __future__ import annotations
 
 import re
 
-from . import validate
-from .errors import ConfigError
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 
 # One token of a line-oriented format (redis.conf, chrony.conf, pg_hba.conf,
 # a unit's directive name): no white space, no quote, no comment sign, no backslash.

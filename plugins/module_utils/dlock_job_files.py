@@ -1,10 +1,11 @@
 # Copyright: dlock.fleet developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The three files of a job, rendered from a validated entry (jobs.py's
+"""The three files of a job, rendered from a validated entry (dlock_jobs.py's
 validate_jobs): its job file (the command and its lock options, as JSON),
 its service unit and its timer unit. Every value in a unit line passes
 rendering.unit_value (one line, % escaped), every directive name
-rendering.conf_token."""
+rendering.conf_token. Beside the engine, not in module_utils/dlock/, whose
+every file the runner role installs on the nodes."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import json
 import os
 from collections import namedtuple
 
-from . import validate
-from .rendering import conf_token, unit_value
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_rendering import conf_token, unit_value
 
 # Sandboxing of the job units (hardening: true). Per job, unit_settings
 # overrides any of these, and hardening: false drops them all.

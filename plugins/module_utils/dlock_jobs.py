@@ -6,16 +6,17 @@ rule) applied to every entry, which comes back with only checked values, in
 canonical form. The filter dlock.fleet.dlock_jobs runs it on the controller,
 the module dlock.fleet.dlock_job_units again on the node (a module does not
 trust its input): nothing of an entry reaches a unit or a job file without
-having passed a validator."""
+having passed a validator. Beside the engine, not in module_utils/dlock/,
+whose every file the runner role installs on the nodes."""
 
 from __future__ import annotations
 
 import datetime
 import re
 
-from . import validate
-from .errors import ConfigError
-from .options import OPTION_NAMES, LockOptions
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES, LockOptions
 
 UNIT_KEYS = (
     "name", "command", "shell", "schedule", "randomized_delay", "accuracy", "persistent", "user", "group",
