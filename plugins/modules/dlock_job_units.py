@@ -18,8 +18,8 @@ description:
     fails the module with the entry and its field named, and nothing is written.
   - Writes only a file whose content, owner, group or mode differ, through a new file in the same
     directory renamed over the old one (a reader sees the old file or the new one). Job files are
-    C(root:)O(group) C(0640), units C(root:root) C(0644). A path that holds anything but a regular file
-    (a FIFO, a link, a directory) fails the module, naming it.
+    C(root:)O(group) C(0640), units C(root:root) C(0644). A present job's path that holds anything but a regular
+    file (a FIFO, a link, a directory) fails the module, naming it; a removed job's is removed whatever it is.
   - Reloads systemd once when a unit file was written or removed (where systemd runs).
   - With O(timers=started), enables and starts the timers of the present jobs that are not enabled and active
     (their states read in one C(systemctl show), the timers started in one C(systemctl enable --now)).
