@@ -2,57 +2,47 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters the templates put around every user-supplied value: the second
 wall after the preflight checks. Each refuses what could start a new line
-in its format, and escapes what the format would otherwise interpret.
+in its format, and escapes what the format would otherwise interpret
+(dlock_unit_value and dlock_conf_token: the rules of
+module_utils/dlock_rendering.py, which the job units' renderer calls too).
 dlock_pg_address and dlock_conf_line apply a role variable's rule
 (plugins/plugin_utils/role_rules/) again where the value is rendered."""
 
 from __future__ import annotations
 
 import math
-import re
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.dlock.fleet.plugins.module_utils import dlock_rendering as rendering
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules.chrony import conf_line
 from ansible_collections.dlock.fleet.plugins.plugin_utils.role_rules.postgresql import pg_client
 
-# One token of a line-oriented format (redis.conf, chrony.conf, pg_hba.conf):
-# no white space, no quote, no comment sign, no backslash.
-TOKEN = re.compile(r"[A-Za-z0-9_.,:/@+=~*\[\]-]+")
-
 
 def _text(value, what):
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise AnsibleFilterError("%s: %s is not a single value" % (what, validate.shown(value)))
-    value = str(value)
     try:
-        return validate.text(value, what, 4096, allow_empty=True)
+        return rendering.single_value(value, what)
     except ConfigError as exc:
         raise AnsibleFilterError(str(exc))
 
 
 def dlock_unit_value(value, what="unit setting", specifiers=False):
-    """A value for a systemd unit line: one line, no trailing backslash (a
-    line continuation), and % doubled so no specifier is expanded. With
-    specifiers=true (unit_settings: directives the operator writes, some of
-    which, like CPUQuota=50%, take no specifiers at all) % is left as is."""
-    text = _text(value, what)
+    """A value for a systemd unit line (module_utils/dlock_rendering.py:
+    one line, no trailing backslash, % doubled unless specifiers=true)."""
     try:
-        validate.unit_value(text, what, 4096)
+        return rendering.unit_value(value, what, specifiers)
     except ConfigError as exc:
         raise AnsibleFilterError(str(exc))
-    return text if specifiers else text.replace("%", "%%")
 
 
 def dlock_conf_token(value, what="setting"):
     """One token of a line-oriented configuration file."""
-    text = _text(value, what)
-    if not TOKEN.fullmatch(text):
-        raise AnsibleFilterError("%s: %s is not a single plain token (no spaces, quotes, # or backslash)"
-                                 % (what, validate.shown(text)))
-    return text
+    try:
+        return rendering.conf_token(value, what)
+    except ConfigError as exc:
+        raise AnsibleFilterError(str(exc))
 
 
 def dlock_pg_string(value, what="setting"):

@@ -1,12 +1,12 @@
 """Property tests of the job list: Hypothesis generates job entries, hostile
 ones included; the dlock_jobs filter either refuses an entry with the field
-named, or the role's own templates render units that systemd-analyze verify
+named, or the role's renderer (module_utils/dlock_job_files.py, which the
+dlock_job_units module writes with) renders units that systemd-analyze verify
 accepts without a single warning and that hold exactly the intended settings.
 The period the filter holds once_per to is the smallest gap between two
 firings that systemd-analyze calendar lists for the same expression.
 
-Rendering is Ansible's own templating of the role's template files, with its
-defaults and vars (tests/render_helper.py)."""
+Rendering uses the role's defaults for its settings."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from ansible_cli import ROOT
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import (
-    CALENDAR_SHORTHANDS, SCHEDULE, dlock_jobs, schedule_period)
+from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import dlock_jobs
+from ansible_collections.dlock.fleet.plugins.module_utils import dlock_job_files as job_files
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import CALENDAR_SHORTHANDS, SCHEDULE, schedule_period
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import CONTROL
 
 ROLE = os.path.join(ROOT, "roles", "dlock_jobs")
@@ -79,21 +80,22 @@ def _accepted(entry):
         return None
 
 
-def _render(render, tmp_path, jobs):
-    """The role's two templates for each job, rendered by Ansible's templating
-    (tests/render_helper.py) with the role's defaults, as the role would."""
+def _render(tmp_path, jobs):
+    """The two units of each job, rendered as the dlock_job_units module
+    renders them, with the role's defaults (and no password file)."""
     out = tmp_path / "units"
     out.mkdir()
     with open(os.path.join(ROLE, "defaults", "main.yml")) as handle:
         defaults = yaml.safe_load(handle)
-    variables = dict(defaults, dlock_jobs_runner_bin="/bin/true", dlock_jobs_jobs_dir="/etc/dlock/jobs",
-                     dlock_jobs_group="dlock", dlock_jobs_password_path="/etc/dlock/backend.password",
-                     dlock_jobs_metrics_dir="/var/lib/prometheus/node-exporter",
-                     __dlock_jobs_password={"stat": {"exists": False}})
+    settings = job_files.Settings(
+        managed="managed by a test", runner_bin="/bin/true", jobs_dir="/etc/dlock/jobs", group="dlock",
+        user=defaults["dlock_jobs_user"], hardening=defaults["dlock_jobs_hardening"],
+        randomized_delay=defaults["dlock_jobs_randomized_delay"], accuracy=defaults["dlock_jobs_accuracy"],
+        persistent=defaults["dlock_jobs_persistent"], password_path="/etc/dlock/backend.password",
+        metrics_dir="/var/lib/prometheus/node-exporter", credential=False)
     for job in dlock_jobs(jobs):
-        for kind in ("service", "timer"):
-            text = render("dlock_jobs", "job.%s.j2" % kind, dict(variables, item=job))
-            (out / ("dlock-%s.%s" % (job["name"], kind))).write_text(text)
+        (out / job_files.service_name(job["name"])).write_text(job_files.service_unit(job, settings))
+        (out / job_files.timer_name(job["name"])).write_text(job_files.timer_unit(job, settings))
     return out
 
 
@@ -131,7 +133,7 @@ def test_an_entry_with_a_control_character_anywhere_is_refused(entry):
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck),
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(st.lists(job_entries(hostile=False), min_size=12, max_size=12))
-def test_every_accepted_entry_renders_exactly_what_was_meant(render, tmp_path_factory, entries):
+def test_every_accepted_entry_renders_exactly_what_was_meant(tmp_path_factory, entries):
     accepted = []
     for index, entry in enumerate(entries):
         entry["name"] += "-%d" % index  # unique, so each entry renders its own units
@@ -141,7 +143,7 @@ def test_every_accepted_entry_renders_exactly_what_was_meant(render, tmp_path_fa
     if not accepted:
         return
     tmp_path = tmp_path_factory.mktemp("units")
-    out = _render(render, tmp_path, [entry for entry, _job in accepted])
+    out = _render(tmp_path, [entry for entry, _job in accepted])
     files = sorted(str(p) for p in out.iterdir())
     assert len(files) == 2 * len(accepted)
     verify = subprocess.run(["systemd-analyze", "verify"] + files, capture_output=True, text=True, timeout=60,
@@ -167,9 +169,7 @@ def test_every_accepted_entry_renders_exactly_what_was_meant(render, tmp_path_fa
         assert set(entry.get("read_write_paths", [])) <= set(rw)
         # Nothing but the intended settings: every [Service] key is one the role writes or the entry asked for.
         allowed = {"Type", "ExecStart", "SuccessExitStatus", "KillMode", "User", "Group", "SupplementaryGroups",
-                   "SyslogIdentifier", "ReadWritePaths"} | set(yaml.safe_load(
-                       open(os.path.join(ROLE, "vars", "main.yml")))["__dlock_jobs_hardening"]) \
-            | set(entry.get("unit_settings", {}))
+                   "SyslogIdentifier", "ReadWritePaths"} | set(job_files.HARDENING) | set(entry.get("unit_settings", {}))
         assert {k for k, _v in svc} <= allowed
 
 

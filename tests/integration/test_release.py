@@ -39,7 +39,7 @@ SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "CHANGELOG
 # The reference the README links to, and the design (Galaxy shows docs/*.md).
 DOCS = sorted(name for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
 # The roles' node modules, beside the dlock module.
-NODE_MODULES = ("dlock_etcd_access", "dlock_postgresql_access", "dlock_patroni_cluster")
+NODE_MODULES = ("dlock_etcd_access", "dlock_postgresql_access", "dlock_patroni_cluster", "dlock_job_units")
 DEV_PARTS = {"tests", "molecule", "scripts", "build", ".venv", ".ci", ".git", "__pycache__", ".pytest_cache",
              ".ansible", "tests/output"}
 
@@ -431,7 +431,7 @@ def test_job_entry_keys_are_documented_as_suboptions():
     """`ansible-doc -t role dlock.fleet.dlock_jobs` shows every key a job entry
     may have (the filter's list), and a full entry passes the role's spec."""
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-    from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import UNIT_KEYS
+    from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import UNIT_KEYS
     from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES
 
     out = subprocess.run([os.path.join(BIN, "ansible-doc"), "-t", "role", "dlock.fleet.dlock_jobs", "--json"],

@@ -73,17 +73,20 @@ def require_regular(path, what):
     return path
 
 
-def replace_file(path, text, mode=0o644, durable=False):
+def replace_file(path, text, mode=0o644, durable=False, owner=None):
     """Replace `path` with a file holding `text` (UTF-8), in one rename: a
     reader sees the old file or the new one, never half of one. The new file
     is made under a random name that did not exist (O_EXCL, O_NOFOLLOW) and
-    its mode set on the file itself (fchmod), never through a path. durable:
-    its data is on disk before the rename. OSError when it cannot be done;
-    the new file is removed then."""
+    its owner (a (uid, gid) pair; a gid of -1 leaves it) and mode set on the
+    file itself (fchown, fchmod), never through a path. durable: its data is
+    on disk before the rename. OSError when it cannot be done; the new file is
+    removed then."""
     tmp = "%s.%s.tmp" % (path, binascii.hexlify(os.urandom(8)).decode())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
         try:
+            if owner is not None:
+                os.fchown(fd, owner[0], owner[1])  # before fchmod: a chown clears set-id bits
             os.fchmod(fd, mode)
             data = text.encode("utf-8")
             while data:

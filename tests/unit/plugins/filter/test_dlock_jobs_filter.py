@@ -1,7 +1,8 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import dlock_jobs, schedule_period
+from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import dlock_jobs
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import schedule_period
 
 GOOD = {"name": "report", "command": ["/usr/bin/report"], "schedule": "hourly", "ttl": "2m", "once_per": "1h"}
 

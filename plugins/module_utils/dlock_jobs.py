@@ -1,0 +1,346 @@
+# Copyright: dlock.fleet developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The dlock_jobs role's job list, validated: the engine's validation core
+(one source of truth for names, paths, durations, options and the timing
+rule) applied to every entry, which comes back with only checked values, in
+canonical form. The filter dlock.fleet.dlock_jobs runs it on the controller,
+the module dlock.fleet.dlock_job_units again on the node (a module does not
+trust its input): nothing of an entry reaches a unit or a job file without
+having passed a validator. Beside the engine, not in module_utils/dlock/,
+whose every file the runner role installs on the nodes."""
+
+from __future__ import annotations
+
+import datetime
+import re
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES, LockOptions
+
+UNIT_KEYS = (
+    "name", "command", "shell", "schedule", "randomized_delay", "accuracy", "persistent", "user", "group",
+    "environment", "working_directory", "description", "state", "hardening", "read_write_paths",
+    "unit_settings", "key",
+)
+# systemd calendar expressions ("Mon..Fri *-*-* 02:00:00 Europe/Berlin",
+# "*:0/5", "hourly") never need %, \, quotes or other punctuation.
+SCHEDULE = re.compile(r"[A-Za-z0-9 _*:,./~+-]+")
+# What an operator coming from cron writes, and what OnCalendar says instead.
+CRON_SHORTHANDS = {"@hourly": "hourly", "@daily": "daily", "@midnight": "daily", "@weekly": "weekly",
+                   "@monthly": "monthly", "@yearly": "yearly", "@annually": "yearly"}
+CRON_LINE = re.compile(r"[0-9*/,-]+(?: +[0-9*/,-]+){4}")  # five fields; an OnCalendar time has a ':'
+# systemd's calendar shorthands, as the expressions they stand for (systemd.time(7));
+# the names are case-insensitive, as systemd reads them.
+CALENDAR_SHORTHANDS = {"minutely": "*-*-* *:*:00", "hourly": "*-*-* *:00:00", "daily": "*-*-* 00:00:00",
+                       "weekly": "Mon *-*-* 00:00:00", "monthly": "*-*-01 00:00:00",
+                       "quarterly": "*-01,04,07,10-01 00:00:00", "semiannually": "*-01,07-01 00:00:00",
+                       "yearly": "*-01-01 00:00:00", "annually": "*-01-01 00:00:00"}
+WEEKDAYS = (("mon", "monday"), ("tue", "tuesday"), ("wed", "wednesday"), ("thu", "thursday"), ("fri", "friday"),
+            ("sat", "saturday"), ("sun", "sunday"))
+# One calendar component item: N, N..M, N/R or N..M/R (a list of them is comma-separated).
+CALENDAR_ITEM = re.compile(r"([0-9]{1,4})(?:\.\.([0-9]{1,4}))?(?:/([0-9]{1,4}))?")
+DIRECTIVE = re.compile(r"[A-Z][A-Za-z0-9]{1,63}")
+# Directives the role writes itself and that decide what runs, as whom and
+# how a run is judged: unit_settings may not replace or add to them.
+RESERVED_DIRECTIVES = ("Type", "User", "Group", "DynamicUser", "SupplementaryGroups", "SuccessExitStatus",
+                       "KillMode", "SyslogIdentifier", "PermissionsStartOnly", "RemainAfterExit",
+                       "RootDirectory", "RootImage", "LoadCredential", "LoadCredentialEncrypted",
+                       "SetCredential", "SetCredentialEncrypted", "ImportCredential", "Environment",
+                       "EnvironmentFile", "PassEnvironment", "UnsetEnvironment")
+
+
+def _command(job, where):
+    command = job.get("command")
+    if isinstance(command, str):
+        if not validate.boolean(job.get("shell", False), "%s: shell" % where):
+            raise ConfigError("%s: command is a string; give an argv list, or set shell: true to run it with "
+                              "/bin/sh -c (the string is then shell code)" % where)
+        command = ["/bin/sh", "-c", command]
+    return validate.argv(command, "%s: command" % where)
+
+
+def _environment(values, where):
+    field = "%s: environment" % where
+    validate.mapping(values, field)
+    # Numbers are common in YAML (PORT: 8080); they become their decimal text.
+    as_text = {}
+    for name, value in values.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        as_text[name] = value
+    return validate.environment(as_text, field)
+
+
+def _unit_settings(values, where):
+    field = "%s: unit_settings" % where
+    validate.mapping(values, field)
+    result = {}
+    for name, value in values.items():
+        validate.text(name, "%s: name" % field, 64, DIRECTIVE, "a systemd directive name such as MemoryMax")
+        if name in RESERVED_DIRECTIVES or name.startswith("Exec"):
+            raise ConfigError("%s.%s: is set by the role and cannot be overridden (it decides what runs, "
+                              "as whom, or how a run is judged)" % (field, name))
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        result[name] = validate.unit_value(value, "%s.%s" % (field, name), 1024)
+    return result
+
+
+def _job_file(job, where, defaults, scheme):
+    """The content of /etc/dlock/jobs/NAME.json for one job entry, and its
+    lock options as the runner will see them (the runner's defaults, then the
+    job's) under the rule of its backend (scheme None: the stricter rule)."""
+    content = {"command": _command(job, where),
+               "environment": _environment(job.get("environment") or {}, where)}
+    options = dict((k, job[k]) for k in OPTION_NAMES if job.get(k) is not None)
+    effective = dict((k, v) for k, v in defaults.items() if k in OPTION_NAMES)
+    effective.update(options)
+    lock_options = LockOptions.from_mapping(effective, where, scheme)  # raises with the field's name
+    if job.get("key") is not None:
+        content["key"] = validate.lock_key(job["key"], "%s: key" % where)
+    if job.get("working_directory") is not None:
+        content["working_directory"] = validate.path(job["working_directory"], "%s: working_directory" % where)
+    if job.get("description"):
+        content["description"] = validate.unit_value(job["description"], "%s: description" % where)
+    content.update(options)
+    return content, lock_options
+
+
+def _check_slot_window(job, where, lock_options, default_delay):
+    """Timers fire at a boundary plus randomized delay (plus skew): all of that
+    must fit in half a slot, or nodes could land in different slots. The
+    job's once_per, else the runner's default one (lock_options has merged
+    them, as the runner does)."""
+    once_per = lock_options.once_per
+    if once_per is None:
+        return
+    field = "once_per" if job.get("once_per") is not None else "once_per of dlock_runner_defaults"
+    if job.get("randomized_delay") is not None:
+        delay = validate.duration(job["randomized_delay"], "%s: randomized_delay" % where)
+    else:  # the role's default, which the timer uses too
+        delay = validate.duration(default_delay, "dlock_jobs_randomized_delay")
+    skew = lock_options.max_clock_skew  # the job's, else the runner's default, else the engine's
+    if delay + skew >= once_per / 2:
+        raise ConfigError("%s: randomized_delay (%s) + max_clock_skew (%s) must stay below half of %s "
+                          "(%s), or nodes that fire in the same slot could see different slots"
+                          % (where, validate.format_duration(delay), validate.format_duration(skew), field,
+                             validate.format_duration(once_per)))
+
+
+def _calendar_values(text, low, high):
+    """The sorted values of one component of an OnCalendar expression (*, or a
+    comma list of N, N..M, N/R, N..M/R), or None for anything else (fractions
+    of a second, the last days of a month ~, values out of range)."""
+    if text == "*":
+        return list(range(low, high + 1))
+    values = set()
+    for item in text.split(","):
+        match = CALENDAR_ITEM.fullmatch(item)
+        if not match:
+            return None
+        first = int(match.group(1))
+        step = int(match.group(3) or 1)
+        last = int(match.group(2)) if match.group(2) else (high if match.group(3) else first)
+        # What systemd refuses (a repetition wider than the component's range,
+        # N/R repeated past its end: *:50/20) is left to systemd-analyze on the node.
+        if not low <= first <= last <= high or not 1 <= step <= high - low:
+            return None
+        if match.group(3) and not match.group(2) and first + step > high:
+            return None
+        values.update(range(first, last + 1, step))
+    return sorted(values)
+
+
+def _weekdays(text):
+    """The weekday numbers (0 = Monday) of a weekday list (Mon..Fri,Sun), or None."""
+    names = dict((name, number) for number, pair in enumerate(WEEKDAYS) for name in pair)
+    days = set()
+    for item in text.lower().split(","):
+        first, _sep, last = item.partition("..")
+        if first not in names or (last or first) not in names or names[first] > names[last or first]:
+            return None
+        days.update(range(names[first], names[last or first] + 1))
+    return days
+
+
+def _firing_days(weekdays, month_day):
+    """The days (ordinals) a schedule fires on, over enough days to hold its
+    smallest gap between two of them."""
+    if month_day is None:  # every day of every month: any 15 days hold each gap of the week
+        months, days = set(range(1, 13)), set(range(1, 32))
+        first, last = datetime.date(2000, 1, 3), datetime.date(2000, 1, 18)
+    else:
+        # Month lengths, leap years and weekdays repeat every 28 years from
+        # 1901 to 2099: 29 years hold every gap of a month or less.
+        months, days = set(month_day[0]), set(month_day[1])
+        first, last = datetime.date(2000, 1, 1), datetime.date(2029, 1, 1)
+    found = []
+    for ordinal in range(first.toordinal(), last.toordinal()):
+        day = datetime.date.fromordinal(ordinal)
+        if day.weekday() in weekdays and day.month in months and day.day in days:
+            found.append(ordinal)
+    return found
+
+
+def schedule_period(expression):
+    """The smallest gap, in seconds, between two firings of an OnCalendar
+    expression, or None where it cannot be told from the expression alone.
+
+    Known: the shorthands (hourly, daily...), and [WEEKDAYS] [[*-]MONTH-DAY]
+    [HOUR:MINUTE[:SECOND]] [TIME ZONE] with whole seconds and any year (*).
+    Not known, and so not checked here: a year named (a schedule that ends),
+    the last days of a month (~), fractions of a second. The gap is nominal,
+    in the expression's own time: a daylight saving change that makes one
+    local day 23 hours long does not make 'daily' a 23-hour period."""
+    words = expression.split()
+    if not words:
+        return None
+    if words[0].lower() in CALENDAR_SHORTHANDS:
+        words = CALENDAR_SHORTHANDS[words[0].lower()].split() + words[1:]
+    dates = _firing_dates(words)
+    times = None if dates is None else _firing_times(words)
+    if times is None:
+        return None
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    days = _firing_days(*dates)
+    if len(days) > 1:  # from the last firing of one day to the first of the next
+        gaps.append(min(later - earlier for earlier, later in zip(days, days[1:])) * 86400 - (times[-1] - times[0]))
+    return float(min(gaps)) if gaps else None
+
+
+def _firing_dates(words):
+    """The weekdays and the (months, days) that the date words of an
+    expression allow, taken off the front of `words`: (weekdays, None) when
+    every day of every month is; None where it cannot be told."""
+    weekdays = set(range(7))
+    if words and words[0][:1].isalpha():
+        weekdays = _weekdays(words.pop(0))
+        if weekdays is None:
+            return None
+    month_day = None
+    if words and "-" in words[0] and ":" not in words[0] and not words[0][:1].isalpha():
+        parts = words.pop(0).split("-")
+        if len(parts) == 3 and parts[0] != "*" or len(parts) not in (2, 3):
+            return None  # a year named: the schedule ends
+        months, days = _calendar_values(parts[-2], 1, 12), _calendar_values(parts[-1], 1, 31)
+        if months is None or days is None:
+            return None
+        if (months, days) != (list(range(1, 13)), list(range(1, 32))):
+            month_day = (months, days)
+    return weekdays, month_day
+
+
+def _firing_times(words):
+    """The sorted seconds of the day at which an expression fires, from the
+    time words left in `words` (a time zone last is dropped: the gaps stay
+    what the expression says); None where it cannot be told, or when other
+    words are left."""
+    clock = ["00", "00", "00"]
+    if words and ":" in words[0]:
+        clock = words.pop(0).split(":") + ["00"]
+        if len(clock) not in (3, 4):
+            return None
+    if words and words[-1][:1].isalpha():
+        words.pop()
+    if words:
+        return None
+    hours, minutes, seconds = (_calendar_values(clock[0], 0, 23), _calendar_values(clock[1], 0, 59),
+                               _calendar_values(clock[2], 0, 59))
+    if hours is None or minutes is None or seconds is None:
+        return None
+    return sorted(h * 3600 + m * 60 + s for h in hours for m in minutes for s in seconds)
+
+
+def _check_period(job, where, lock_options, schedule):
+    """A slot longer than the schedule's period swallows firings silently:
+    hourly with once_per 1d runs once a day. Checked where the period is
+    known from the expression (schedule_period); elsewhere not."""
+    if lock_options.once_per is None:
+        return
+    period = schedule_period(schedule)
+    if period is None or lock_options.once_per <= period:
+        return
+    field = "once_per" if job.get("once_per") is not None else "once_per of dlock_runner_defaults"
+    raise ConfigError("%s: %s (%s) is longer than the period of its schedule %s (%s, the shortest time between "
+                      "two firings): it would run once per %s and skip the other firings; make once_per %s or "
+                      "less, or the schedule sparser"
+                      % (where, field, validate.format_duration(lock_options.once_per), validate.shown(schedule),
+                         validate.format_duration(period), validate.format_duration(lock_options.once_per),
+                         validate.format_duration(period)))
+
+
+def _schedule(value, where):
+    """The job's OnCalendar expression (systemd-analyze checks it on the node,
+    in the role's preflight); cron's forms are refused with what to write."""
+    field = "%s: schedule" % where
+    if isinstance(value, str) and value.strip() in CRON_SHORTHANDS:
+        raise ConfigError("%s: %s is cron's shorthand; a systemd OnCalendar expression writes it %s"
+                          % (field, validate.shown(value), CRON_SHORTHANDS[value.strip()]))
+    if isinstance(value, str) and CRON_LINE.fullmatch(value.strip()):
+        raise ConfigError("%s: %s is a cron line; write a systemd OnCalendar expression instead (cron's "
+                          "'0 3 * * *' is '*-*-* 03:00:00'; see systemd.time(7))" % (field, validate.shown(value)))
+    return validate.text(value, field, 256, SCHEDULE, "a systemd OnCalendar expression")
+
+
+def _present(job, where, defaults, default_delay, scheme):
+    """The checked fields of a present job, for its unit files."""
+    if job.get("schedule") is None:
+        raise ConfigError("%s: schedule (a systemd OnCalendar expression) is required" % where)
+    content, lock_options = _job_file(job, where, defaults, scheme)
+    entry = {
+        "name": job["name"], "state": "present",
+        "schedule": _schedule(job["schedule"], where),
+        "file": content,
+    }
+    _check_slot_window(job, where, lock_options, default_delay)
+    _check_period(job, where, lock_options, entry["schedule"])
+    for name in ("randomized_delay", "accuracy"):
+        if job.get(name) is not None:
+            entry[name + "_sec"] = "%gs" % validate.duration(job[name], "%s: %s" % (where, name))
+    for name in ("persistent", "hardening"):
+        if job.get(name) is not None:
+            entry[name] = validate.boolean(job[name], "%s: %s" % (where, name))
+    for name in ("user", "group"):
+        if job.get(name) is not None:
+            entry[name] = validate.unix_name(job[name], "%s: %s" % (where, name))
+    if job.get("description"):
+        entry["description"] = entry["file"]["description"]
+    entry["read_write_paths"] = validate.items(job.get("read_write_paths") or [], "%s: read_write_paths" % where,
+                                               validate.path)
+    entry["unit_settings"] = _unit_settings(job.get("unit_settings") or {}, where)
+    return entry
+
+
+def _entry(job, index, seen, defaults, default_delay, scheme):
+    where = "dlock_jobs_list[%d]" % index
+    validate.mapping(job, where)
+    name = validate.job_name(job.get("name"), "%s: name" % where)
+    where = "dlock_jobs_list[%d] (%s)" % (index, name)
+    if name in seen:
+        raise ConfigError("%s: duplicate job name; each job needs its own name" % where)
+    seen.add(name)
+    unknown = sorted(set(job) - set(UNIT_KEYS) - set(OPTION_NAMES))
+    if unknown:
+        raise ConfigError("%s: unknown field %s" % (where, ", ".join(validate.shown(k) for k in unknown)))
+    state = job.get("state", "present")
+    if state not in ("present", "absent"):
+        raise ConfigError("%s: state must be present or absent" % where)
+    if state == "absent":
+        return {"name": name, "state": "absent"}
+    return _present(job, where, defaults, default_delay, scheme)
+
+
+def validate_jobs(jobs, defaults=None, randomized_delay=0, backend_url=""):
+    """Validated jobs: only checked values, each present job with `file` (the
+    job file's content). `randomized_delay` is the role's default delay;
+    `backend_url` the runners' backend, whose scheme decides the timing rule
+    ('' when not known: the stricter rule of a backend on a wall clock).
+    ConfigError names the entry and its field."""
+    validate.items(jobs, "dlock_jobs_list", lambda job, field: job, max_items=1000)
+    defaults = validate.mapping(defaults or {}, "dlock_runner_defaults")
+    scheme = validate.backend_url(backend_url, "dlock_jobs_backend_url").scheme if backend_url else None
+    LockOptions.from_mapping(dict((k, v) for k, v in defaults.items() if k in OPTION_NAMES),
+                             "dlock_runner_defaults", scheme)
+    seen = set()
+    return [_entry(job, index, seen, defaults, randomized_delay, scheme) for index, job in enumerate(jobs)]

@@ -1,0 +1,426 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2025, dlock.fleet developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: dlock_job_units
+short_description: Write a node's dlock jobs, their units and timers, in one call
+version_added: 0.3.0
+description:
+  - Writes every job of the C(dlock.fleet.dlock_jobs) role on a node in one call - the job file
+    (O(jobs_dir)/NAME.json), the service unit and the timer unit (O(unit_dir)/dlock-NAME.service and .timer)
+    of each present job - and removes the three files of each job of O(jobs) with C(state=absent), after
+    stopping and disabling its timer.
+  - Validates O(jobs) with the same rules as the filter C(dlock.fleet.dlock_jobs) (the role's preflight). A bad entry
+    fails the module with the entry and its field named, and nothing is written.
+  - Writes only a file whose content, owner, group or mode differ, through a new file in the same
+    directory renamed over the old one (a reader sees the old file or the new one). Job files are
+    C(root:)O(group) C(0640), units C(root:root) C(0644). A present job's path that holds anything but a regular
+    file (a FIFO, a link, a directory) fails the module, naming it; a removed job's is removed whatever it is.
+  - Reloads systemd once when a unit file was written or removed (where systemd runs).
+  - With O(timers=started), enables and starts the timers of the present jobs that are not enabled and active
+    (their states read in one C(systemctl show), the timers started in one C(systemctl enable --now)).
+  - Systemd runs when C(/run/systemd/system) exists; elsewhere (a container, a chroot) no timer is stopped or
+    started and systemd is not reloaded.
+author:
+  - dlock.fleet developers (@dlock-fleet)
+options:
+  jobs:
+    description:
+      - The job list, as the role's C(dlock_jobs_list) has it (see C(ansible-doc -t role dlock.fleet.dlock_jobs)).
+    type: raw
+    required: true
+  runner_defaults:
+    description:
+      - The runners' lock options (C(dlock_runner_defaults)), under which each job's own are checked.
+    type: raw
+    default: {}
+  backend_url:
+    description:
+      - The runners' backend URL; its scheme decides the timing rule. Empty when not known (the stricter rule).
+    type: str
+    default: ''
+  randomized_delay:
+    description:
+      - A job's timer's C(RandomizedDelaySec) unless the job sets C(randomized_delay).
+    type: raw
+    default: 0
+  accuracy:
+    description:
+      - A job's timer's C(AccuracySec) unless the job sets C(accuracy).
+    type: raw
+    default: 1s
+  persistent:
+    description:
+      - A job's timer's C(Persistent) unless the job sets C(persistent).
+    type: raw
+    default: false
+  user:
+    description:
+      - The user a job runs as unless the job sets C(user).
+    type: raw
+    default: root
+  hardening:
+    description:
+      - Whether the service units are sandboxed, unless the job sets C(hardening).
+    type: raw
+    default: true
+  runner_bin:
+    description:
+      - The runner's path, which each service unit runs.
+    type: raw
+    default: /usr/local/bin/dlock
+  jobs_dir:
+    description:
+      - Where the job files go.
+    type: raw
+    default: /etc/dlock/jobs
+  unit_dir:
+    description:
+      - Where the units go.
+    type: raw
+    default: /etc/systemd/system
+  group:
+    description:
+      - The runners' group, the group of the job files and a supplementary group of every job.
+      - It must exist (the C(dlock.fleet.dlock_runner) role creates it), except in check mode, where the job files
+        are then compared without it.
+    type: raw
+    default: dlock
+  password_path:
+    description:
+      - The backend's password file; the service units load it as credential C(dlock-backend) when it exists.
+    type: raw
+    default: /etc/dlock/backend.password
+  metrics_dir:
+    description:
+      - The metrics directory, which a sandboxed job may write to. Empty for none.
+    type: raw
+    default: /var/lib/prometheus/node-exporter
+  managed:
+    description:
+      - The first line of each unit, after C(# ).
+    type: str
+    default: Ansible managed
+  write:
+    description:
+      - Write the present jobs' files, and stop the timers of and remove the files of the absent ones.
+      - V(false) for a call that only starts timers (O(timers=started)).
+    type: bool
+    default: true
+  timers:
+    description:
+      - V(started) - enable and start the present jobs' timers that are not enabled and active. In check mode a
+        timer whose unit does not exist yet is reported as one that would be started.
+      - V(unchanged) - leave the present jobs' timers as they are.
+    type: str
+    choices: [started, unchanged]
+    default: unchanged
+attributes:
+  check_mode:
+    support: full
+    description: Compares every file and reads the timers' states as a real run does; writes, removes, stops and starts
+      nothing.
+  diff_mode:
+    support: full
+    description: Each file written or removed, before and after (a change of owner, group or mode only, as its attributes).
+  platform:
+    support: full
+    platforms: posix
+    description: Runs on the node, with Python's standard library and systemd's C(systemctl).
+notes:
+  - A job file holds the job's environment, and the diff shows it, as the C(copy) module's would.
+"""
+
+EXAMPLES = r"""
+- name: Write the jobs
+  dlock.fleet.dlock_job_units:
+    jobs:
+      - name: nightly-report
+        command: [/usr/local/bin/nightly-report, --send]
+        schedule: "*-*-* 02:00:00"
+        once_per: 1d
+      - name: old-report
+        state: absent
+    backend_url: redis://dlock@10.0.0.10:6379/0
+    group: dlock
+    managed: "{{ lookup('ansible.builtin.config', 'DEFAULT_MANAGED_STR') }}"
+
+- name: Start the timers
+  dlock.fleet.dlock_job_units:
+    jobs: "{{ my_jobs }}"
+    write: false
+    timers: started
+"""
+
+RETURN = r"""
+jobs:
+  description: For each job of O(jobs), by name - whether anything of it changed, the files written or removed,
+    and what was done to its timer (V(started), V(stopped) or V(unchanged)). In check mode, what would be done.
+  returned: always
+  type: dict
+  sample: {"nightly-report": {"changed": true, "files": ["/etc/dlock/jobs/nightly-report.json",
+           "/etc/systemd/system/dlock-nightly-report.service", "/etc/systemd/system/dlock-nightly-report.timer"],
+           "timer": "started"}, "old-report": {"changed": false, "files": [], "timer": "unchanged"}}
+daemon_reload:
+  description: Whether systemd was reloaded (never in check mode).
+  returned: always
+  type: bool
+"""
+
+import grp
+import os
+import stat
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dlock.fleet.plugins.module_utils import dlock_job_files as job_files
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import validate_jobs
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import replace_file
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Failure, failure_message
+
+SYSTEMD_RUNNING = "/run/systemd/system"  # sd_booted(3): systemd is PID 1
+JOB_FILE_MODE = 0o640  # the job's environment may hold secrets: the runners' group only
+UNIT_MODE = 0o644
+ROOT = 0
+TIMER_PROPERTIES = "--property=Id,LoadState,ActiveState,UnitFileState"
+
+
+class JobUnits(object):
+    """One call's work on a node. `run_command(argv)` answers (rc, stdout,
+    stderr), as AnsibleModule.run_command does; `systemd_dir` tells whether
+    systemd runs (a test points it elsewhere)."""
+
+    def __init__(self, params, check, diff, run_command, systemd_dir=SYSTEMD_RUNNING):
+        self.params = params
+        self.check = check
+        self.diff = diff
+        self.run_command = run_command
+        self.systemd = os.path.isdir(systemd_dir)
+        self.diffs = []
+        self.jobs = {}
+        self.daemon_reload = False
+
+    # -- the files ---------------------------------------------------------------
+    def _group_id(self, group):
+        """The job files' group id; None in check mode when the group does not
+        exist yet (the runner role, applied before, would have made it)."""
+        try:
+            return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        except KeyError:
+            if self.check:
+                return None
+            raise Failure("group %s does not exist: apply the dlock.fleet.dlock_runner role first (it creates it)"
+                          % group)
+
+    @staticmethod
+    def _files(job, settings, unit_dir, gid):
+        """(path, content, uid, gid, mode) of each of the job's three files."""
+        name = job["name"]
+        return [
+            (os.path.join(settings.jobs_dir, job_files.job_file_name(name)), job_files.job_file(job),
+             ROOT, gid, JOB_FILE_MODE),
+            (os.path.join(unit_dir, job_files.service_name(name)), job_files.service_unit(job, settings),
+             ROOT, ROOT, UNIT_MODE),
+            (os.path.join(unit_dir, job_files.timer_name(name)), job_files.timer_unit(job, settings),
+             ROOT, ROOT, UNIT_MODE),
+        ]
+
+    def _write(self, name, path, content, uid, gid, mode):
+        """Write one file if it differs: "text" when its text was (or would
+        be) written, "attributes" when only its owner, group or mode were
+        set, None when it was as wanted."""
+        current = read_current(path)
+        data = content.encode("utf-8")
+        if current is None or current[0] != data:
+            self._record(name, path, None if current is None else current[0].decode("utf-8", "replace"), content)
+            if not self.check:
+                replace_file(path, content, mode, owner=(uid, -1 if gid is None else gid))
+            return "text"
+        info = current[1]
+        have = (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode))
+        want = (uid, info.st_gid if gid is None else gid, mode)
+        if have == want:
+            return None
+        self._record(name, path, "owner %d, group %d, mode %04o\n" % have, "owner %d, group %d, mode %04o\n" % want)
+        if not self.check:
+            os.chown(path, want[0], want[1], follow_symlinks=False)
+            os.chmod(path, mode)
+        return "attributes"
+
+    def _remove(self, name, path):
+        """Remove one file of a removed job, whatever it is (never opened unless regular)."""
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        before = ""
+        if self.diff and stat.S_ISREG(info.st_mode):
+            before = read_current(path)[0].decode("utf-8", "replace")
+        self._record(name, path, before, None)
+        if not self.check:
+            os.unlink(path)
+        return True
+
+    def _record(self, name, path, before, after):
+        self.jobs[name]["changed"] = True
+        self.jobs[name]["files"].append(path)
+        if self.diff:
+            self.diffs.append({"before_header": path if before is not None else "%s (absent)" % path,
+                               "after_header": path if after is not None else "%s (absent)" % path,
+                               "before": before or "", "after": after or ""})
+
+    # -- the timers --------------------------------------------------------------
+    def _systemctl(self, *args):
+        rc, out, err = self.run_command(["systemctl"] + list(args))
+        if rc != 0:
+            raise Failure("systemctl %s failed (rc %d): %s" % (" ".join(args), rc, (err or out).strip()))
+        return out
+
+    def _timer_states(self, timers):
+        """{timer: {LoadState, ActiveState, UnitFileState}} of these timers, in one systemctl show."""
+        out = self._systemctl("show", TIMER_PROPERTIES, "--", *timers)
+        states = {}
+        for block in out.strip().split("\n\n"):
+            values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+            if "Id" in values:
+                states[values["Id"]] = values
+        return states
+
+    def _stop_timers(self, names):
+        """Stop and disable the timers of removed jobs that systemd still knows."""
+        timers = dict((job_files.timer_name(name), name) for name in names)
+        states = self._timer_states(sorted(timers))
+        stop = [timer for timer in sorted(timers) if states.get(timer, {}).get("LoadState", "not-found") != "not-found"
+                and (states[timer].get("ActiveState") != "inactive" or states[timer].get("UnitFileState") == "enabled")]
+        for timer in stop:
+            self.jobs[timers[timer]].update(changed=True, timer="stopped")
+        if stop and not self.check:
+            self._systemctl("disable", "--now", "--", *stop)
+
+    def _start_timers(self, names):
+        """Enable and start the timers that are not both enabled and active."""
+        timers = dict((job_files.timer_name(name), name) for name in names)
+        states = self._timer_states(sorted(timers))
+        start = [timer for timer in sorted(timers) if states.get(timer, {}).get("ActiveState") != "active"
+                 or states[timer].get("UnitFileState") != "enabled"]
+        for timer in start:
+            self.jobs[timers[timer]].update(changed=True, timer="started")
+        if start and not self.check:
+            self._systemctl("enable", "--now", "--", *start)
+
+    # -- the call ----------------------------------------------------------------
+    def _write_jobs(self, jobs, settings, unit_dir):
+        """Write the present jobs' files; stop the absent ones' timers, then
+        remove their files; reload systemd once if a unit changed."""
+        gid = self._group_id(settings.group)
+        changed = []
+        for job in jobs:
+            if job["state"] == "present":
+                for path, content, uid, file_gid, mode in self._files(job, settings, unit_dir, gid):
+                    if self._write(job["name"], path, content, uid, file_gid, mode) == "text":
+                        changed.append(path)
+        absent = [job["name"] for job in jobs if job["state"] == "absent"]
+        if absent and self.systemd:
+            self._stop_timers(absent)  # before their files go
+        for name in absent:
+            for path in (os.path.join(settings.jobs_dir, job_files.job_file_name(name)),
+                         os.path.join(unit_dir, job_files.service_name(name)),
+                         os.path.join(unit_dir, job_files.timer_name(name))):
+                if self._remove(name, path):
+                    changed.append(path)
+        # The runner reads its job file at each run, and systemd does not look
+        # at a unit's owner or mode: only a unit's new text or its removal
+        # needs a reload.
+        if any(os.path.dirname(path) == unit_dir for path in changed) and self.systemd and not self.check:
+            self._systemctl("daemon-reload")
+            self.daemon_reload = True
+
+    def run(self):
+        params = self.params
+        jobs = validate_jobs(params["jobs"], params["runner_defaults"], params["randomized_delay"],
+                             params["backend_url"])
+        unit_dir = validate.path(params["unit_dir"], "dlock_jobs_unit_dir")
+        settings = job_files.make_settings(
+            params["managed"], params["runner_bin"], params["jobs_dir"], params["group"], params["user"],
+            params["hardening"], params["randomized_delay"], params["accuracy"], params["persistent"],
+            params["password_path"], params["metrics_dir"])
+        self.jobs = dict((job["name"], {"changed": False, "files": [], "timer": "unchanged"}) for job in jobs)
+        present = [job["name"] for job in jobs if job["state"] == "present"]
+        if params["write"]:
+            self._write_jobs(jobs, settings, unit_dir)
+        if params["timers"] == "started" and present and self.systemd:
+            self._start_timers(present)
+        result = {"changed": any(job["changed"] for job in self.jobs.values()), "jobs": self.jobs,
+                  "daemon_reload": self.daemon_reload}
+        if self.diff:
+            result["diff"] = self.diffs
+        return result
+
+
+def read_current(path):
+    """(content as bytes, stat) of the regular file at `path`, or None when
+    nothing is there. Anything else there (a FIFO, a link, a directory) is
+    refused: it is never opened, so never waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise Failure("%s is a symbolic link, not a regular file: remove it, the role writes the file itself"
+                          % path)
+        raise Failure("%s: cannot read (%s)" % (path, exc.strerror or exc))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Failure("%s is not a regular file (a FIFO, device, socket or directory): remove it, the role "
+                          "writes the file itself" % path)
+        chunks = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks), info
+    finally:
+        os.close(fd)
+
+
+ARGUMENT_SPEC = dict(
+    jobs=dict(type="raw", required=True),
+    runner_defaults=dict(type="raw", default={}),
+    backend_url=dict(type="str", default=""),
+    randomized_delay=dict(type="raw", default=0),
+    accuracy=dict(type="raw", default="1s"),
+    persistent=dict(type="raw", default=False),
+    user=dict(type="raw", default="root"),
+    hardening=dict(type="raw", default=True),
+    runner_bin=dict(type="raw", default="/usr/local/bin/dlock"),
+    jobs_dir=dict(type="raw", default="/etc/dlock/jobs"),
+    unit_dir=dict(type="raw", default="/etc/systemd/system"),
+    group=dict(type="raw", default="dlock"),
+    password_path=dict(type="raw", default="/etc/dlock/backend.password", no_log=False),  # a path, not the password
+    metrics_dir=dict(type="raw", default="/var/lib/prometheus/node-exporter"),
+    managed=dict(type="str", default="Ansible managed"),
+    write=dict(type="bool", default=True),
+    timers=dict(type="str", choices=["started", "unchanged"], default="unchanged"),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        result = JobUnits(module.params, module.check_mode, module._diff, module.run_command).run()
+    except (Failure, ConfigError, OSError) as exc:
+        module.fail_json(msg=failure_message("dlock_job_units: ", exc))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
