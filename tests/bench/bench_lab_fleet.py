@@ -86,10 +86,10 @@ def slot_phase(lab, since, until):
 
 
 def run_slots(lab, nodes, period, count, delay):
-    """Timers on with RandomizedDelaySec=DELAY for COUNT periods; returns the figures."""
+    """Timers on with RandomizedDelaySec=DELAY seconds for COUNT periods; returns the figures."""
     dropin = "/etc/systemd/system/%s.timer.d" % UNIT
     command = ("mkdir -p {d} && printf '[Timer]\\nRandomizedDelaySec=%s\\n' > {d}/bench.conf && systemctl daemon-reload "
-               "&& systemctl restart {u}.timer").format(d=dropin, u=UNIT) % delay
+               "&& systemctl restart {u}.timer").format(d=dropin, u=UNIT) % ("%gs" % delay)
     with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
         list(pool.map(lambda node: lab.ssh(node, command, check=True), nodes))
     since = (int(time.time() / period) + 1) * period  # the next boundary: every timer is armed by then
@@ -172,12 +172,12 @@ def main():
         print("\nslot accuracy, %d nodes, a slot every %ds, %d slots each:" % (len(nodes), args.period, args.slots))
         print("%-22s %9s %9s %9s %9s %9s" % ("RandomizedDelaySec", "slots run", "late p50", "late p99", "late max",
                                              "losers"))
-        for delay in ("0", "1s"):
+        for delay in (0, 1):
             row = run_slots(lab, nodes, args.period, args.slots, delay)
             print("%-22s %9d %9.3f %9.3f %9.3f %9.1f%s" % (
-                delay, row["slots_run"], row["late_p50"], row["late_p99"], row["late_max"], row["losers_per_slot"],
+                "%gs" % delay, row["slots_run"], row["late_p50"], row["late_p99"], row["late_max"], row["losers_per_slot"],
                 "  target p99 <= %gs: %s" % (TARGET_SLOT_P99, "met" if row["late_p99"] <= TARGET_SLOT_P99 else "NOT met")
-                if delay == "0" else ""))
+                if delay == 0 else ""))
         backend = lab.group("dlock_backend")[0]
         url = start_etcd(lab, backend)
         waiters = nodes[:args.waiters]
