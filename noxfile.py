@@ -21,7 +21,7 @@ import nox
 nox.options.default_venv_backend = "none"
 nox.options.sessions = []  # `nox` alone lists nothing to run: name a session (-s) or a tag (-t)
 
-PYTEST = ("pytest", "--durations=15")
+PYTEST = ("pytest", "--durations=40")  # where the time goes: the 40 slowest steps of each stage
 LAB_PYTEST = PYTEST + ("-p", "no:cacheprovider")
 ETCD_LAB_TESTS = ("tests/lab/test_etcd_faults.py", "tests/lab/test_etcd_members.py")
 PATRONI_LAB_TESTS = ("tests/lab/test_pg_faults.py",)
