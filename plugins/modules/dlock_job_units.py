@@ -19,7 +19,7 @@ description:
   - Writes only a file whose content, owner, group or mode differ, through a new file in the same
     directory renamed over the old one (a reader sees the old file or the new one). Job files are
     C(root:)O(group) C(0640), units C(root:root) C(0644). A present job's path that holds anything but a regular
-    file (a FIFO, a link, a directory) fails the module, naming it; a removed job's is removed whatever it is.
+    file (a FIFO, a link, a directory) fails the module, naming it; a removed job's is removed whatever it is, but for a directory, which fails the module.
   - Reloads systemd once when a unit file was written or removed (where systemd runs).
   - With O(timers=started), enables and starts the timers of the present jobs that are not enabled and active
     (their states read in one C(systemctl show), the timers started in one C(systemctl enable --now)).
@@ -173,6 +173,7 @@ daemon_reload:
 
 import grp
 import os
+import pwd
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
@@ -203,6 +204,7 @@ class JobUnits(object):
         self.run_command = run_command
         self.systemd = os.path.isdir(systemd_dir)
         self.diffs = []
+        self.warnings = []
         self.jobs = {}
         self.daemon_reload = False
 
@@ -231,27 +233,38 @@ class JobUnits(object):
              ROOT, ROOT, UNIT_MODE),
         ]
 
-    def _write(self, name, path, content, uid, gid, mode):
-        """Write one file if it differs: "text" when its text was (or would
-        be) written, "attributes" when only its owner, group or mode were
-        set, None when it was as wanted."""
+    def _plan(self, name, path, content, uid, gid, mode):
+        """What one file needs: None when it is as wanted, else (name, path,
+        content, uid, gid, mode, what, current), `what` "text" when its text
+        differs, "attributes" when only its owner, group or mode do. Reads
+        only: every file is judged before any is written, so a path that
+        cannot be written (a FIFO, a link) fails the call with nothing
+        written."""
         current = read_current(path)
-        data = content.encode("utf-8")
-        if current is None or current[0] != data:
+        if current is None or current[0] != content.encode("utf-8"):
+            return (name, path, content, uid, gid, mode, "text", current)
+        info = current[1]
+        have = (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode))
+        if have == (uid, info.st_gid if gid is None else gid, mode):
+            return None
+        return (name, path, content, uid, gid, mode, "attributes", current)
+
+    def _write(self, planned):
+        """Make one planned change (or, in check mode, only record it)."""
+        name, path, content, uid, gid, mode, what, current = planned
+        if what == "text":
             self._record(name, path, None if current is None else current[0].decode("utf-8", "replace"), content)
             if not self.check:
-                replace_file(path, content, mode, owner=(uid, -1 if gid is None else gid))
-            return "text"
+                # durable: a unit or job file is on disk before it replaces the old one.
+                replace_file(path, content, mode, durable=True, owner=(uid, -1 if gid is None else gid))
+            return
         info = current[1]
         have = (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode))
         want = (uid, info.st_gid if gid is None else gid, mode)
-        if have == want:
-            return None
         self._record(name, path, "owner %d, group %d, mode %04o\n" % have, "owner %d, group %d, mode %04o\n" % want)
         if not self.check:
             os.chown(path, want[0], want[1], follow_symlinks=False)
             os.chmod(path, mode)
-        return "attributes"
 
     def _remove(self, name, path):
         """Remove one file of a removed job, whatever it is (never opened unless regular)."""
@@ -259,6 +272,8 @@ class JobUnits(object):
             info = os.lstat(path)
         except FileNotFoundError:
             return False
+        if stat.S_ISDIR(info.st_mode):
+            raise Failure("%s is a directory, not a file of this job: remove it yourself" % path)
         before = ""
         if self.diff and stat.S_ISREG(info.st_mode):
             before = read_current(path)[0].decode("utf-8", "replace")
@@ -293,15 +308,23 @@ class JobUnits(object):
         return states
 
     def _stop_timers(self, names):
-        """Stop and disable the timers of removed jobs that systemd still knows."""
+        """Stop the timers of removed jobs that still run, and disable those still enabled."""
         timers = dict((job_files.timer_name(name), name) for name in names)
         states = self._timer_states(sorted(timers))
-        stop = [timer for timer in sorted(timers) if states.get(timer, {}).get("LoadState", "not-found") != "not-found"
-                and (states[timer].get("ActiveState") != "inactive" or states[timer].get("UnitFileState") == "enabled")]
+        # A timer whose unit file is gone (removed by hand, or by a run that
+        # stopped half-way) still runs until it is stopped: LoadState
+        # not-found with ActiveState active. Stop it whatever its load state.
+        stop = [timer for timer in sorted(timers)
+                if states.get(timer, {}).get("ActiveState", "inactive") not in ("inactive", "failed")
+                or states.get(timer, {}).get("UnitFileState") == "enabled"]
         for timer in stop:
             self.jobs[timers[timer]].update(changed=True, timer="stopped")
         if stop and not self.check:
-            self._systemctl("disable", "--now", "--", *stop)
+            self._systemctl("stop", "--", *stop)
+            # Only a unit file systemd still has can be disabled (its links go with it).
+            enabled = [timer for timer in stop if states.get(timer, {}).get("UnitFileState") == "enabled"]
+            if enabled:
+                self._systemctl("disable", "--", *enabled)
 
     def _start_timers(self, names):
         """Enable and start the timers that are not both enabled and active."""
@@ -317,14 +340,19 @@ class JobUnits(object):
     # -- the call ----------------------------------------------------------------
     def _write_jobs(self, jobs, settings, unit_dir):
         """Write the present jobs' files; stop the absent ones' timers, then
-        remove their files; reload systemd once if a unit changed."""
+        remove their files; reload systemd once if a unit changed, or if
+        systemd says one of the present jobs' units needs it (a call that
+        failed after writing, or whose reload failed, left it so: the files
+        are as wanted now, and only systemd still has the old ones)."""
         gid = self._group_id(settings.group)
-        changed = []
-        for job in jobs:
-            if job["state"] == "present":
-                for path, content, uid, file_gid, mode in self._files(job, settings, unit_dir, gid):
-                    if self._write(job["name"], path, content, uid, file_gid, mode) == "text":
-                        changed.append(path)
+        present = [job for job in jobs if job["state"] == "present"]
+        for job in present:
+            self._require_accounts(job, settings)
+        planned = [change for job in present for change in
+                   (self._plan(job["name"], *spec) for spec in self._files(job, settings, unit_dir, gid)) if change]
+        for change in planned:
+            self._write(change)
+        changed = [change[1] for change in planned if change[6] == "text"]
         absent = [job["name"] for job in jobs if job["state"] == "absent"]
         if absent and self.systemd:
             self._stop_timers(absent)  # before their files go
@@ -334,12 +362,40 @@ class JobUnits(object):
                          os.path.join(unit_dir, job_files.timer_name(name))):
                 if self._remove(name, path):
                     changed.append(path)
+        if not self.systemd or self.check:
+            return
         # The runner reads its job file at each run, and systemd does not look
         # at a unit's owner or mode: only a unit's new text or its removal
         # needs a reload.
-        if any(os.path.dirname(path) == unit_dir for path in changed) and self.systemd and not self.check:
+        if any(os.path.dirname(path) == unit_dir for path in changed) or self._reload_needed(present):
             self._systemctl("daemon-reload")
             self.daemon_reload = True
+
+    def _reload_needed(self, present):
+        """Whether systemd holds an older text of one of these jobs' units."""
+        units = [unit for job in present for unit in (job_files.service_name(job["name"]),
+                                                      job_files.timer_name(job["name"]))]
+        if not units:
+            return False
+        out = self._systemctl("show", "--property=NeedDaemonReload", "--value", "--", *units)
+        return "yes" in out.split()
+
+    def _require_accounts(self, job, settings):
+        """The job's user and group exist on the node: systemd would
+        otherwise fail the job at each firing (status 217/USER, 216/GROUP)
+        while its timer looks well. In check mode an account another role of
+        the same run would create is only warned about."""
+        for kind, name, lookup in (("user", job.get("user") or settings.user, pwd.getpwnam),
+                                   ("group", job.get("group"), grp.getgrnam)):
+            if not name or str(name).isdigit():
+                continue
+            try:
+                lookup(name)
+            except KeyError:
+                message = "job %s: %s %s does not exist on this node" % (job["name"], kind, name)
+                if not self.check:
+                    raise Failure(message + ": create it first, or name another")
+                self.warnings.append(message + " (yet)")
 
     def run(self):
         params = self.params
@@ -356,10 +412,13 @@ class JobUnits(object):
             self._write_jobs(jobs, settings, unit_dir)
         if params["timers"] == "started" and present and self.systemd:
             self._start_timers(present)
-        result = {"changed": any(job["changed"] for job in self.jobs.values()), "jobs": self.jobs,
+        # A reload alone (systemd held an older text) is a change too.
+        result = {"changed": any(job["changed"] for job in self.jobs.values()) or self.daemon_reload, "jobs": self.jobs,
                   "daemon_reload": self.daemon_reload}
         if self.diff:
             result["diff"] = self.diffs
+        if self.warnings:
+            result["warnings"] = self.warnings
         return result
 
 

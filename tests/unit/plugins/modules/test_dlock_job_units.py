@@ -24,17 +24,23 @@ OTHER = {"name": "other", "command": ["/usr/bin/other"], "schedule": "daily"}
 
 
 class FakeSystemctl(object):
-    """systemctl show / enable --now / disable --now / daemon-reload on a
+    """systemctl show / enable --now / stop / disable / daemon-reload on a
     table of timers: {timer: (ActiveState, UnitFileState)}; a timer not in
-    the table is not found."""
+    the table is not found, and one in `gone` is not found but still runs
+    (its unit file removed behind systemd's back). `stale`: the units whose
+    NeedDaemonReload is yes until the next daemon-reload."""
 
     def __init__(self):
         self.timers = {}
+        self.gone = set()
+        self.stale = set()
         self.calls = []
 
     def __call__(self, argv):
         assert argv[0] == "systemctl"
         self.calls.append(argv[1:])
+        if argv[1:4] == ["show", "--property=NeedDaemonReload", "--value"]:
+            return 0, "".join("yes\n" if unit in self.stale else "no\n" for unit in argv[5:]), ""
         if argv[1] == "show":
             assert argv[2] == module.TIMER_PROPERTIES and argv[3] == "--"
             blocks = []
@@ -42,15 +48,24 @@ class FakeSystemctl(object):
                 if timer in self.timers:
                     active, enabled = self.timers[timer]
                     blocks.append("Id=%s\nLoadState=loaded\nActiveState=%s\nUnitFileState=%s\n" % (timer, active, enabled))
+                elif timer in self.gone:
+                    blocks.append("Id=%s\nLoadState=not-found\nActiveState=active\nUnitFileState=\n" % timer)
                 else:
                     blocks.append("Id=%s\nLoadState=not-found\nActiveState=inactive\nUnitFileState=\n" % timer)
             return 0, "\n".join(blocks), ""
         if argv[1:3] == ["enable", "--now"]:
             for timer in argv[4:]:
                 self.timers[timer] = ("active", "enabled")
-        elif argv[1:3] == ["disable", "--now"]:
-            for timer in argv[4:]:
-                self.timers[timer] = ("inactive", "disabled")
+        elif argv[1] == "stop":
+            for timer in argv[3:]:
+                self.gone.discard(timer)
+                if timer in self.timers:
+                    self.timers[timer] = ("inactive", self.timers[timer][1])
+        elif argv[1] == "disable":
+            for timer in argv[3:]:
+                self.timers[timer] = (self.timers[timer][0], "disabled")
+        elif argv[1] == "daemon-reload":
+            self.stale.clear()
         return 0, "", ""
 
     def changes(self):
@@ -162,11 +177,51 @@ def test_a_removed_job_has_its_timer_stopped_then_its_files_removed(node):
     assert result["jobs"]["report"] == {"changed": True, "files": paths(node, "report"), "timer": "stopped"}
     assert result["jobs"]["gone"] == {"changed": False, "files": [], "timer": "unchanged"}
     assert sorted(on_disk(node)) == sorted(paths(node, "other"))
-    # One read of both timers, one disable of the one systemd knows, one reload.
+    # One read of both timers, a stop and a disable of the one systemd knows, one reload.
     assert node.systemctl.calls == [["show", module.TIMER_PROPERTIES, "--", "dlock-gone.timer", "dlock-report.timer"],
-                                    ["disable", "--now", "--", "dlock-report.timer"], ["daemon-reload"]]
+                                    ["stop", "--", "dlock-report.timer"], ["disable", "--", "dlock-report.timer"],
+                                    ["daemon-reload"]]
     assert [d["after"] for d in result["diff"]] == ["", "", ""] and "[Timer]" in result["diff"][2]["before"]
     assert not node([dict(name="report", state="absent"), OTHER])["changed"]
+
+
+def test_a_removed_job_s_timer_whose_unit_file_is_already_gone_is_stopped(node):
+    node.systemctl.gone.add("dlock-report.timer")
+    result = node([dict(name="report", state="absent")])
+    assert result["jobs"]["report"] == {"changed": True, "files": [], "timer": "stopped"}
+    # Stopped, not disabled: systemd cannot disable a unit whose file it no longer has.
+    assert node.systemctl.changes() == [["stop", "--", "dlock-report.timer"]]
+    assert not node([dict(name="report", state="absent")])["changed"]
+
+
+def test_a_unit_systemd_still_holds_in_an_older_text_is_reloaded_even_with_no_file_to_write(node):
+    node([JOB])
+    node.systemctl.calls = []
+    node.systemctl.stale.add("dlock-report.timer")  # a former call wrote it, and its reload failed
+    result = node([JOB])
+    assert result["changed"] and result["daemon_reload"] and not result["jobs"]["report"]["changed"]
+    assert node.systemctl.changes() == [["daemon-reload"]]
+    assert not node([JOB])["daemon_reload"]
+
+
+def test_a_path_that_cannot_be_written_fails_the_call_before_any_file_is_written(node):
+    os.mkfifo(paths(node, "other")[2])
+    with pytest.raises(Failure, match="dlock-other.timer is not a regular file"):
+        node([JOB, OTHER])
+    # Only the FIFO is there (on_disk would open it, and wait for a writer).
+    assert os.listdir(str(node.dir / "jobs")) == [] and os.listdir(str(node.dir / "units")) == ["dlock-other.timer"]
+    assert node.systemctl.calls == []
+
+
+def test_a_job_whose_user_or_group_does_not_exist_is_refused_by_name(node):
+    with pytest.raises(Failure, match="job report: user no-such-user does not exist on this node"):
+        node([dict(JOB, user="no-such-user")])
+    with pytest.raises(Failure, match="job report: group no-such-group does not exist on this node"):
+        node([dict(JOB, group="no-such-group")])
+    assert on_disk(node) == {}
+    # In check mode another role of the same run may create it: a warning.
+    check = node([dict(JOB, user="no-such-user")], check=True)
+    assert check["changed"] and check["warnings"] == ["job report: user no-such-user does not exist on this node (yet)"]
 
 
 def test_without_systemd_the_files_go_and_systemctl_is_not_called(node):
@@ -253,6 +308,11 @@ def test_a_fifo_at_a_file_s_path_is_refused_not_waited_on(node):
     # A removed job's FIFO is simply removed.
     assert node([dict(name="report", state="absent")])["jobs"]["report"]["changed"]
     assert not os.path.lexists(paths(node, "report")[2])
+    # A directory there is not removed: the module says so.
+    os.mkdir(paths(node, "report")[2])
+    with pytest.raises(Failure, match="dlock-report.timer is a directory"):
+        node([dict(name="report", state="absent")])
+    assert os.path.isdir(paths(node, "report")[2])
 
 
 def test_the_examples_pass_the_argument_spec_and_the_job_rules(node):
