@@ -45,7 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [os.path.join(ROOT, "tests", "lab"), os.path.join(ROOT, "tests")]
 
-from lab import Lab, node_memory_kib  # noqa: E402
+from lab import Lab, cgroup_roots, node_memory_kib  # noqa: E402
 from rollout import ansible_playbook, site  # noqa: E402
 
 ANCHOR = os.path.join(HERE, "anchor_cron_flock.yml")
@@ -84,10 +84,13 @@ def write_inventory(directory, dealt):
 
 
 def node_cpu_seconds(lab):
-    """The CPU time of every process of the lab's nodes so far (cgroup v2 cpu.stat)."""
+    """The CPU time of every process of the lab's nodes so far: cpu.stat of
+    each node's cgroup in the cgroup2 hierarchy (lab.cgroup_roots: the
+    unified one of a hybrid host, or the only one)."""
+    cgroup2 = [root for root in cgroup_roots() if os.path.exists(os.path.join(root, "cgroup.controllers"))][0]
     total = 0
     for name in lab.group("dlock_nodes") + lab.group("dlock_backend"):
-        with open("/sys/fs/cgroup/unified/%s/cpu.stat" % name) as handle:
+        with open(os.path.join(cgroup2, name, "cpu.stat")) as handle:
             total += int(handle.readline().split()[1])
     return total / 1e6
 
