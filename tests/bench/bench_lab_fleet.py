@@ -114,7 +114,7 @@ def handoff_round(lab, nodes, kind, grants, etcd_url):
         one = ("dlock run --config /etc/dlock/bench-etcd.json --job handoff --on-contention wait --ttl 30s "
                "--wait-timeout 10m -- sh -c '%s'" % body)
     else:
-        one = "ETCDCTL_API=3 etcdctl --endpoints=%s lock handoff-etcdctl sh -c '%s'" % (etcd_url, body)
+        one = "ETCDCTL_API=3 etcdctl --endpoints=%s lock handoff-etcdctl -- sh -c '%s'" % (etcd_url, body)
     script = "rm -f /tmp/handoff; for i in $(seq %d); do %s >/dev/null || exit 1; done; cat /tmp/handoff" % (grants, one)
 
     def loop(node):
