@@ -223,14 +223,11 @@ class JobUnits(object):
     @staticmethod
     def _files(job, settings, unit_dir, gid):
         """(path, content, uid, gid, mode) of each of the job's three files."""
-        name = job["name"]
+        job_path, service_path, timer_path = _paths(job["name"], settings, unit_dir)
         return [
-            (os.path.join(settings.jobs_dir, job_files.job_file_name(name)), job_files.job_file(job),
-             ROOT, gid, JOB_FILE_MODE),
-            (os.path.join(unit_dir, job_files.service_name(name)), job_files.service_unit(job, settings),
-             ROOT, ROOT, UNIT_MODE),
-            (os.path.join(unit_dir, job_files.timer_name(name)), job_files.timer_unit(job, settings),
-             ROOT, ROOT, UNIT_MODE),
+            (job_path, job_files.job_file(job), ROOT, gid, JOB_FILE_MODE),
+            (service_path, job_files.service_unit(job, settings), ROOT, ROOT, UNIT_MODE),
+            (timer_path, job_files.timer_unit(job, settings), ROOT, ROOT, UNIT_MODE),
         ]
 
     def _plan(self, name, path, content, uid, gid, mode):
@@ -357,9 +354,7 @@ class JobUnits(object):
         if absent and self.systemd:
             self._stop_timers(absent)  # before their files go
         for name in absent:
-            for path in (os.path.join(settings.jobs_dir, job_files.job_file_name(name)),
-                         os.path.join(unit_dir, job_files.service_name(name)),
-                         os.path.join(unit_dir, job_files.timer_name(name))):
+            for path in _paths(name, settings, unit_dir):
                 if self._remove(name, path):
                     changed.append(path)
         if not self.systemd or self.check:
@@ -420,6 +415,13 @@ class JobUnits(object):
         if self.warnings:
             result["warnings"] = self.warnings
         return result
+
+
+def _paths(name, settings, unit_dir):
+    """A job's three files: its job file, its service unit, its timer unit."""
+    return (os.path.join(settings.jobs_dir, job_files.job_file_name(name)),
+            os.path.join(unit_dir, job_files.service_name(name)),
+            os.path.join(unit_dir, job_files.timer_name(name)))
 
 
 def read_current(path):
