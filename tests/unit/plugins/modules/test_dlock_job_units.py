@@ -293,7 +293,8 @@ def test_hostile_entries_are_refused_with_the_field_named(node, jobs, field):
 
 @pytest.mark.parametrize("param, value", [("randomized_delay", float("nan")), ("group", "dlock\nUser=root"),
                                           ("unit_dir", "/etc/systemd/../x"), ("managed", "x\ny"),
-                                          ("hardening", "no")])
+                                          ("hardening", "no"), ("accuracy", 1e308), ("runner_bin", "/usr/bin/dl\x00ock"),
+                                          ("jobs_dir", ["/etc/dlock/jobs"]), ("user", ["root"])])
 def test_hostile_settings_are_refused_with_the_setting_named(node, param, value):
     with pytest.raises(ConfigError, match=param):
         node([JOB], **{param: value})
