@@ -174,21 +174,19 @@ daemon_reload:
 import grp
 import os
 import pwd
-import stat
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dlock.fleet.plugins.module_utils import dlock_job_files as job_files
+from ansible_collections.dlock.fleet.plugins.module_utils import dlock_node_files as node_files
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import validate_jobs
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import replace_file
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Failure, failure_message
 
 SYSTEMD_RUNNING = "/run/systemd/system"  # sd_booted(3): systemd is PID 1
 JOB_FILE_MODE = 0o640  # the job's environment may hold secrets: the runners' group only
 UNIT_MODE = 0o644
-ROOT = 0
 TIMER_PROPERTIES = "--property=Id,LoadState,ActiveState,UnitFileState"
 
 
@@ -225,67 +223,35 @@ class JobUnits(object):
         """(path, content, uid, gid, mode) of each of the job's three files."""
         job_path, service_path, timer_path = _paths(job["name"], settings, unit_dir)
         return [
-            (job_path, job_files.job_file(job), ROOT, gid, JOB_FILE_MODE),
-            (service_path, job_files.service_unit(job, settings), ROOT, ROOT, UNIT_MODE),
-            (timer_path, job_files.timer_unit(job, settings), ROOT, ROOT, UNIT_MODE),
+            (job_path, job_files.job_file(job), node_files.ROOT, gid, JOB_FILE_MODE),
+            (service_path, job_files.service_unit(job, settings), node_files.ROOT, node_files.ROOT, UNIT_MODE),
+            (timer_path, job_files.timer_unit(job, settings), node_files.ROOT, node_files.ROOT, UNIT_MODE),
         ]
 
     def _plan(self, name, path, content, uid, gid, mode):
-        """What one file needs: None when it is as wanted, else (name, path,
-        content, uid, gid, mode, what, current), `what` "text" when its text
-        differs, "attributes" when only its owner, group or mode do. Reads
-        only: every file is judged before any is written, so a path that
-        cannot be written (a FIFO, a link) fails the call with nothing
-        written."""
-        current = read_current(path)
-        if current is None or current[0] != content.encode("utf-8"):
-            return (name, path, content, uid, gid, mode, "text", current)
-        info = current[1]
-        have = (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode))
-        if have == (uid, info.st_gid if gid is None else gid, mode):
-            return None
-        return (name, path, content, uid, gid, mode, "attributes", current)
+        """(name, the change) of one file, or None when it is as wanted."""
+        change = node_files.plan_file(path, content, uid, gid, mode)
+        return None if change is None else (name, change)
 
-    def _write(self, planned):
-        """Make one planned change (or, in check mode, only record it)."""
-        name, path, content, uid, gid, mode, what, current = planned
-        if what == "text":
-            self._record(name, path, None if current is None else current[0].decode("utf-8", "replace"), content)
-            if not self.check:
-                # durable: a unit or job file is on disk before it replaces the old one.
-                replace_file(path, content, mode, durable=True, owner=(uid, -1 if gid is None else gid))
-            return
-        info = current[1]
-        have = (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode))
-        want = (uid, info.st_gid if gid is None else gid, mode)
-        self._record(name, path, "owner %d, group %d, mode %04o\n" % have, "owner %d, group %d, mode %04o\n" % want)
+    def _apply(self, name, change):
+        """Make one change (or, in check mode, only record it)."""
+        self._record(name, change)
         if not self.check:
-            os.chown(path, want[0], want[1], follow_symlinks=False)
-            os.chmod(path, mode)
+            change.apply()
 
     def _remove(self, name, path):
         """Remove one file of a removed job, whatever it is (never opened unless regular)."""
-        try:
-            info = os.lstat(path)
-        except FileNotFoundError:
+        change = node_files.plan_removal(path, with_text=self.diff)
+        if change is None:
             return False
-        if stat.S_ISDIR(info.st_mode):
-            raise Failure("%s is a directory, not a file of this job: remove it yourself" % path)
-        before = ""
-        if self.diff and stat.S_ISREG(info.st_mode):
-            before = read_current(path)[0].decode("utf-8", "replace")
-        self._record(name, path, before, None)
-        if not self.check:
-            os.unlink(path)
+        self._apply(name, change)
         return True
 
-    def _record(self, name, path, before, after):
+    def _record(self, name, change):
         self.jobs[name]["changed"] = True
-        self.jobs[name]["files"].append(path)
+        self.jobs[name]["files"].append(change.path)
         if self.diff:
-            self.diffs.append({"before_header": path if before is not None else "%s (absent)" % path,
-                               "after_header": path if after is not None else "%s (absent)" % path,
-                               "before": before or "", "after": after or ""})
+            self.diffs.append(change.diff())
 
     # -- the timers --------------------------------------------------------------
     def _systemctl(self, *args):
@@ -347,9 +313,9 @@ class JobUnits(object):
             self._require_accounts(job, settings)
         planned = [change for job in present for change in
                    (self._plan(job["name"], *spec) for spec in self._files(job, settings, unit_dir, gid)) if change]
-        for change in planned:
-            self._write(change)
-        changed = [change[1] for change in planned if change[6] == "text"]
+        for name, change in planned:
+            self._apply(name, change)
+        changed = [change.path for _name, change in planned if change.text_differs]
         absent = [job["name"] for job in jobs if job["state"] == "absent"]
         if absent and self.systemd:
             self._stop_timers(absent)  # before their files go
@@ -422,35 +388,6 @@ def _paths(name, settings, unit_dir):
     return (os.path.join(settings.jobs_dir, job_files.job_file_name(name)),
             os.path.join(unit_dir, job_files.service_name(name)),
             os.path.join(unit_dir, job_files.timer_name(name)))
-
-
-def read_current(path):
-    """(content as bytes, stat) of the regular file at `path`, or None when
-    nothing is there. Anything else there (a FIFO, a link, a directory) is
-    refused: it is never opened, so never waited on."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if os.path.islink(path):
-            raise Failure("%s is a symbolic link, not a regular file: remove it, the role writes the file itself"
-                          % path)
-        raise Failure("%s: cannot read (%s)" % (path, exc.strerror or exc))
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise Failure("%s is not a regular file (a FIFO, device, socket or directory): remove it, the role "
-                          "writes the file itself" % path)
-        chunks = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks), info
-    finally:
-        os.close(fd)
 
 
 ARGUMENT_SPEC = dict(

@@ -39,7 +39,8 @@ SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "CHANGELOG
 # The reference the README links to, and the design (Galaxy shows docs/*.md).
 DOCS = sorted(name for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
 # The roles' node modules, beside the dlock module.
-NODE_MODULES = ("dlock_etcd_access", "dlock_postgresql_access", "dlock_patroni_cluster", "dlock_job_units")
+NODE_MODULES = ("dlock_etcd_access", "dlock_postgresql_access", "dlock_patroni_cluster", "dlock_job_units",
+                "dlock_files")
 DEV_PARTS = {"tests", "molecule", "scripts", "build", ".venv", ".ci", ".git", "__pycache__", ".pytest_cache",
              ".ansible", "tests/output"}
 

@@ -301,6 +301,35 @@ def items(value, field, each, max_items=256, min_items=0):
     return [each(item, "%s[%d]" % (field, index)) for index, item in enumerate(value)]
 
 
+MAX_FILE_TEXT = 1024 * 1024
+
+
+def file_text(value, field):
+    """The text of a configuration file a role writes: a string (newlines and
+    tabs allowed), at most 1 MiB, no NUL (no text format carries one)."""
+    if not isinstance(value, str):
+        _fail(field, value, "must be a string")
+    if len(value) > MAX_FILE_TEXT:
+        raise ConfigError("%s: is longer than %d characters" % (field, MAX_FILE_TEXT))
+    if "\x00" in value:
+        raise ConfigError("%s: holds a NUL character" % field)
+    return value
+
+
+FILE_MODE = re.compile(r"0?[0-7]{3}")
+
+
+def file_mode(value, field):
+    """A file's permission bits, written in octal as a string ("0644", "750"):
+    never an int, which YAML would have read as decimal (644 is not 0o644).
+    Set-id and sticky bits are refused: no file a role writes needs them but a
+    directory's setgid, which is asked for in four digits ("2775")."""
+    if isinstance(value, str) and re.fullmatch(r"2[0-7]{3}", value):
+        return int(value, 8)
+    text(value, field, 4, FILE_MODE, 'a mode in octal, as a quoted string such as "0644"', kind="mode")
+    return int(value, 8)
+
+
 def choice(value, field, choices):
     if not isinstance(value, str) or value not in choices:
         _fail(field, value, "must be one of %s" % ", ".join(choices))
