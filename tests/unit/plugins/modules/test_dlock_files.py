@@ -1,7 +1,9 @@
 """The dlock_files module's work on a node, in a temporary directory: files
 and directories made once and then left alone, owner, group and mode set,
 check mode and diff, removals, and every entry judged before anything is
-written (a hostile entry or a FIFO in the way leaves the node as it was)."""
+written (a hostile entry or a FIFO in the way leaves the node as it was).
+The property over any text and mode: tests/integration/test_files_property.py
+(Hypothesis is not in the unit tests' environments)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import pwd
 import stat
 
 import pytest
-from hypothesis import given, settings, strategies as st
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Failure
@@ -174,16 +175,3 @@ def test_hostile_entries_are_refused_with_the_field_named_and_nothing_written(tm
     assert field.replace("files[0]", "files[1]") in str(raised.value) if isinstance(files, list) \
         else field in str(raised.value)
     assert os.listdir(str(tmp_path)) == []
-
-
-@settings(max_examples=60, deadline=None)
-@given(text=st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=200),
-       mode=st.integers(0, 0o777))
-def test_any_text_and_mode_is_written_exactly_and_then_left_alone(tmp_path_factory, text, mode):
-    root = tmp_path_factory.mktemp("prop")
-    files = [{"path": str(root / "f"), "content": text, "mode": "%04o" % mode, "owner": USER, "group": GROUP}]
-    assert module.run({"files": files}, False, False)["changed"]
-    with open(str(root / "f"), encoding="utf-8", newline="") as handle:
-        assert handle.read() == text
-    assert stat.S_IMODE(os.stat(str(root / "f")).st_mode) == mode
-    assert module.run({"files": files}, False, False) == {"changed": False, "paths": []}
