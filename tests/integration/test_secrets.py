@@ -95,9 +95,9 @@ class Node(object):
                       if p != self.password and p.name != "inventory.yml" and p != self.password.parent)
 
 
-# The full role copies the engine file by file (a minute on a busy machine):
-# the success cases start at the password tasks; the engine is not their subject.
-FROM_PASSWORD = ("--start-at-task", "Write the backend password")
+# The success cases start at the configure phase (dlock.json, then the
+# password): the engine's install is not their subject.
+FROM_CONFIGURE = ("--start-at-task", "Write the configuration and make its directories")
 
 
 def roles_play(tmp_path, backend):
@@ -156,7 +156,7 @@ def test_no_password_key_keeps_the_existing_file(tmp_path):
     core = CORES["2.19"]
     node = Node(tmp_path)
     play = roles_play(tmp_path, {"url": "redis://127.0.0.1:6379/0"})
-    run = node.play(core, play, {}, *FROM_PASSWORD)
+    run = node.play(core, play, {}, *FROM_CONFIGURE)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "TASK [dlock.fleet.dlock_runner : Write the backend password]" in run.stdout
     assert node.password_unchanged()
@@ -169,7 +169,7 @@ def test_defined_password_is_written(tmp_path):
     core = CORES["2.19"]
     node = Node(tmp_path)
     play = roles_play(tmp_path, {"url": "redis://dlock@127.0.0.1:6379/0", "password": "{{ vault_dlock_redis_password }}"})
-    run = node.play(core, play, {"vault_dlock_redis_password": "new-secret-0123456789"}, *FROM_PASSWORD)
+    run = node.play(core, play, {"vault_dlock_redis_password": "new-secret-0123456789"}, *FROM_CONFIGURE)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     assert node.password.read_text() == "new-secret-0123456789\n"
