@@ -24,6 +24,10 @@ def read_current(path):
     nothing is there. Anything else there (a FIFO, a link, a directory) is
     refused: it is never opened, so never waited on."""
     try:
+        # Looked at before it is opened: a device there is never opened.
+        if not stat.S_ISREG(os.lstat(path).st_mode) and not os.path.islink(path):
+            raise Failure("%s is not a regular file (a FIFO, device, socket or directory): remove it, the role "
+                          "writes the file itself" % path)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
@@ -109,11 +113,23 @@ class MakeDirectory(object):
 
     def apply(self):
         if self.current is None:
-            # Missing parents as `mkdir -p` makes them (root's, 0755 less the umask).
-            os.makedirs(os.path.dirname(self.path), 0o755, exist_ok=True)
+            _make_parents(os.path.dirname(self.path))
             os.mkdir(self.path, 0o700)  # its mode is set below, whatever the umask
         os.chown(self.path, self.uid, -1 if self.gid is None else self.gid, follow_symlinks=False)
         os.chmod(self.path, self.mode)
+
+
+def _make_parents(path):
+    """The missing directories above a new one, root's and 0755 whatever the
+    umask (as `mkdir -p` would leave them under umask 022): a root umask of
+    027 would otherwise close them to the job users and node_exporter, and
+    one of 0 would leave them writable by all."""
+    if os.path.isdir(path):
+        return
+    _make_parents(os.path.dirname(path))
+    os.mkdir(path, 0o700)
+    os.chown(path, ROOT, ROOT, follow_symlinks=False)
+    os.chmod(path, 0o755)
 
 
 class Removal(object):

@@ -35,6 +35,8 @@ options:
       - The owner must exist. The group too, except in check mode, where a file or directory is then compared without
         it (the run that creates the group would also set it).
       - V(absent) removes a file, link, FIFO or socket; a directory there fails the module.
+      - A path named twice counts once when both entries say the same; differently, it fails the module.
+      - Missing directories above a new directory are made, C(root)'s and V("0755") whatever the umask.
     type: raw
     required: true
 attributes:
@@ -119,14 +121,19 @@ def parse_entry(entry, field):
 
 
 def parse_files(files):
-    """The whole list, checked, each path once."""
+    """The whole list, checked; a path named twice the same way counts once
+    (two settings of a role may name one directory), differently is refused."""
     entries = validate.items(files, "files", parse_entry, max_items=MAX_FILES)
-    seen = set()
+    seen = {}
+    unique = []
     for index, entry in enumerate(entries):
         if entry["path"] in seen:
-            raise ConfigError("files[%d].path: %s is named twice" % (index, entry["path"]))
-        seen.add(entry["path"])
-    return entries
+            if seen[entry["path"]] != entry:
+                raise ConfigError("files[%d].path: %s is named twice, differently" % (index, entry["path"]))
+            continue
+        seen[entry["path"]] = entry
+        unique.append(entry)
+    return unique
 
 
 def owner_id(name):

@@ -44,7 +44,7 @@ sys.path[:0] = [os.path.join(ROOT, "tests", "lab"), os.path.join(ROOT, "tests"),
                 os.path.join(ROOT, "plugins", "module_utils")]  # the engine, as the nodes import it
 
 import ledger  # noqa: E402
-from dlock import slots  # noqa: E402
+from dlock.slots import run_id as slot_run_id  # noqa: E402
 from lab import Lab, node_memory_kib  # noqa: E402
 from rollout import site  # noqa: E402
 
@@ -79,7 +79,7 @@ def slot_phase(lab, since, until, period):
             # A refused runner has no run id (no fence, no grant): its line
             # names the slot it asked for, as its own clock reckoned it.
             if record.get("result") in ("skipped_duplicate", "skipped_locked") and record.get("slot") is not None:
-                lost_id = slots.run_id(record["job"], record["slot"], period, 0)
+                lost_id = slot_run_id(record["job"], record["slot"], period, 0)
                 losers[lost_id] = losers.get(lost_id, 0) + 1
     slots = dict((run_id, times) for run_id, times in starts.items() if since <= boundary_seconds(run_id) < until)
     twice = [run_id for run_id, times in slots.items() if len(times) > 1]

@@ -135,9 +135,20 @@ def test_a_file_where_a_directory_belongs_fails_with_nothing_written(node):
     assert tree(node.dir) == {"conf.d": ("file", "x", os.getuid(), os.getgid(), tree(node.dir)["conf.d"][4])}
 
 
-def test_a_directory_s_missing_parents_are_made(node):
-    node([{"path": "x/y/z", "state": "directory", "mode": "2775", "owner": USER, "group": GROUP}])
+def test_a_directory_s_missing_parents_are_made_0755_whatever_the_umask(node):
+    old = os.umask(0o077)
+    try:
+        node([{"path": "x/y/z", "state": "directory", "mode": "2775", "owner": USER, "group": GROUP}])
+    finally:
+        os.umask(old)
     assert stat.S_IMODE(os.stat(str(node.dir / "x/y/z")).st_mode) == 0o2775
+    assert [stat.S_IMODE(os.stat(str(node.dir / p)).st_mode) for p in ("x", "x/y")] == [0o755, 0o755]
+
+
+def test_a_path_named_twice_the_same_way_counts_once(node):
+    twice = [{"path": "d", "state": "directory", "mode": "0750", "owner": USER, "group": GROUP}] * 2
+    assert node(twice)["paths"] == [str(node.dir / "d")]
+    assert node(twice) == {"changed": False, "paths": []}
 
 
 HOSTILE = [
@@ -163,7 +174,7 @@ HOSTILE = [
     ([{"path": "/etc/x", "mode": "0644"}], "content is required"),
     ([{"path": "/etc/x", "content": ""}], "mode is required"),
     ([{"content": "", "mode": "0644"}], "path is required"),
-    ([{"path": "/etc/x", "state": "absent"}, {"path": "/etc/x", "state": "absent"}], "named twice"),
+    ([{"path": "/etc/x", "state": "absent"}, {"path": "/etc/x", "content": "", "mode": "0644"}], "named twice"),
 ]
 
 
