@@ -24,8 +24,10 @@ def read_current(path):
     nothing is there. Anything else there (a FIFO, a link, a directory) is
     refused: it is never opened, so never waited on."""
     try:
-        # Looked at before it is opened: a device there is never opened.
-        if not stat.S_ISREG(os.lstat(path).st_mode) and not os.path.islink(path):
+        # Looked at before it is opened: a device there is never opened (a
+        # link is refused below, by O_NOFOLLOW, with its own message).
+        kind = os.lstat(path).st_mode
+        if not (stat.S_ISREG(kind) or stat.S_ISLNK(kind)):
             raise Failure("%s is not a regular file (a FIFO, device, socket or directory): remove it, the role "
                           "writes the file itself" % path)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
@@ -56,6 +58,22 @@ def _attributes(uid, gid, mode):
     return "owner %d, group %d, mode %04o\n" % (uid, gid, mode)
 
 
+def _have(info):
+    """(owner, group, mode) of what is at a path."""
+    return info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)
+
+
+def _want(info, uid, gid, mode):
+    """(owner, group, mode) wanted of it; gid None (check mode, the group not
+    there yet) keeps its own group."""
+    return uid, info.st_gid if gid is None else gid, mode
+
+
+def _set_attributes(path, uid, gid, mode):
+    os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
+    os.chmod(path, mode)
+
+
 class WriteFile(object):
     """A regular file to write (its text differs, or it is missing) or whose
     owner, group or mode only are to be set. gid None: the group does not
@@ -75,16 +93,14 @@ class WriteFile(object):
             before = None if self.current is None else self.current[0].decode("utf-8", "replace")
             return _diff(self.path, before, self.content)
         info = self.current[1]
-        return _diff(self.path, _attributes(info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)),
-                     _attributes(self.uid, info.st_gid if self.gid is None else self.gid, self.mode))
+        return _diff(self.path, _attributes(*_have(info)), _attributes(*_want(info, self.uid, self.gid, self.mode)))
 
     def apply(self):
         if self.text_differs:
             replace_file(self.path, self.content, self.mode, durable=True,
                          owner=(self.uid, -1 if self.gid is None else self.gid))
             return
-        os.chown(self.path, self.uid, -1 if self.gid is None else self.gid, follow_symlinks=False)
-        os.chmod(self.path, self.mode)
+        _set_attributes(self.path, self.uid, self.gid, self.mode)
 
 
 class MakeDirectory(object):
@@ -100,23 +116,19 @@ class MakeDirectory(object):
 
     def diff(self):
         info = self.current
-        if self.gid is not None:
-            want = "directory, " + _attributes(self.uid, self.gid, self.mode)
-        elif info is not None:
-            want = "directory, " + _attributes(self.uid, info.st_gid, self.mode)
-        else:  # check mode, the group not there yet
-            want = "directory, owner %d, group (not created yet), mode %04o\n" % (self.uid, self.mode)
-        if info is None:
-            return _diff(self.path, None, want)
-        return _diff(self.path, "directory, " + _attributes(info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)),
-                     want)
+        if info is not None:
+            return _diff(self.path, "directory, " + _attributes(*_have(info)),
+                         "directory, " + _attributes(*_want(info, self.uid, self.gid, self.mode)))
+        if self.gid is None:  # check mode, the group not there yet
+            return _diff(self.path, None, "directory, owner %d, group (not created yet), mode %04o\n"
+                         % (self.uid, self.mode))
+        return _diff(self.path, None, "directory, " + _attributes(self.uid, self.gid, self.mode))
 
     def apply(self):
         if self.current is None:
             _make_parents(os.path.dirname(self.path))
             os.mkdir(self.path, 0o700)  # its mode is set below, whatever the umask
-        os.chown(self.path, self.uid, -1 if self.gid is None else self.gid, follow_symlinks=False)
-        os.chmod(self.path, self.mode)
+        _set_attributes(self.path, self.uid, self.gid, self.mode)
 
 
 def _make_parents(path):
@@ -161,10 +173,7 @@ def plan_file(path, content, uid, gid, mode):
     change = WriteFile(path, content, uid, gid, mode, current)
     if change.text_differs:
         return change
-    info = current[1]
-    if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (uid, info.st_gid if gid is None else gid, mode):
-        return None
-    return change
+    return None if _have(current[1]) == _want(current[1], uid, gid, mode) else change
 
 
 def plan_directory(path, uid, gid, mode):
@@ -176,9 +185,7 @@ def plan_directory(path, uid, gid, mode):
         return MakeDirectory(path, uid, gid, mode, None)
     if not stat.S_ISDIR(info.st_mode):
         raise Failure("%s is not a directory: remove it, the role makes the directory itself" % path)
-    if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (uid, info.st_gid if gid is None else gid, mode):
-        return None
-    return MakeDirectory(path, uid, gid, mode, info)
+    return None if _have(info) == _want(info, uid, gid, mode) else MakeDirectory(path, uid, gid, mode, info)
 
 
 def plan_removal(path, with_text=True):
