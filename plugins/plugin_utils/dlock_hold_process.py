@@ -84,8 +84,9 @@ class RunHold(object):
             return state.get("error") or state["status"]
         return None
 
-    def start(self, settings, timeout=RENEWER_START_SECONDS):
-        """Start the renewer; settings go on its stdin (they hold the password)."""
+    def spawn(self, settings):
+        """Start the renewer before the lock is taken (hold.py says why);
+        settings go on its stdin (they hold the password)."""
         module_utils = os.path.dirname(os.path.dirname(os.path.abspath(engine.__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([module_utils] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -94,7 +95,20 @@ class RunHold(object):
             proc = subprocess.Popen([sys.executable, "-m", "dlock.hold", self.key], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=log, env=env, cwd="/",
                                     start_new_session=True, close_fds=True)
-        proc.stdin.write(json.dumps(settings).encode("utf-8"))
+        proc.stdin.write(json.dumps(settings).encode("utf-8") + b"\n")
+        proc.stdin.flush()
+        return proc
+
+    @staticmethod
+    def abandon(proc):
+        """The lock was not taken: the spawned renewer exits without touching it."""
+        proc.stdin.close()
+        proc.stdout.close()
+        proc.wait()
+
+    def start(self, proc, timeout=RENEWER_START_SECONDS):
+        """The lock is ours: the spawned renewer renews it once and answers."""
+        proc.stdin.write(b"go\n")
         proc.stdin.close()
         ready = select.select([proc.stdout], [], [], timeout)[0]
         line = proc.stdout.readline() if ready else b""
@@ -138,26 +152,28 @@ def run_with_hold(params, check_mode, diff, run_dir):
             if not check_mode:
                 hold.stop(parse_duration(params["op_timeout"], "op_timeout") + 3.0)
             result = run_lock(params, check_mode, diff)
+        elif params["hold"] and not check_mode and hold.running() is None:
+            renewer = hold.spawn(_renewer_settings(params, hold, run_dir))
+            try:
+                result = run_lock(params, check_mode, diff)
+            except BaseException:
+                hold.abandon(renewer)
+                raise
+            hold.start(renewer)
+            result["changed"] = True
+            result["msg"] += "; held for the rest of the run"
         else:
             result = run_lock(params, check_mode, diff)
-            if params["hold"]:
-                _keep(hold, params, result, check_mode, run_dir)
+            if params["hold"] and check_mode and hold.running() is None:
+                result["msg"] += "; would hold it for the rest of the run"
     if lost:
         result.setdefault("warnings", []).append("the hold of %s ended before this task: %s" % (params["key"], lost))
     return result
 
 
-def _keep(hold, params, result, check_mode, run_dir):
-    """Start the renewer of a lock just acquired, unless one runs already."""
-    if hold.running() is not None:
-        return
-    if check_mode:
-        result["msg"] += "; would hold it for the rest of the run"
-        return
-    hold.start(dict(
+def _renewer_settings(params, hold, run_dir):
+    return dict(
         url=params["backend_url"], password=params["backend_password"], ca_file=params["ca_file"],
         op_timeout=parse_duration(params["op_timeout"], "op_timeout"), key=params["key"],
         owner=params["owner"], ttl=parse_duration(params["ttl"], "ttl"), pid=os.getppid(),
-        run_dir=run_dir, state_file=hold.state_file))
-    result["changed"] = True
-    result["msg"] += "; held for the rest of the run"
+        run_dir=run_dir, state_file=hold.state_file)

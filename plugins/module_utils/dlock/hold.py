@@ -1,12 +1,17 @@
 """Keep a lease while another process lives: the renewer behind `hold` of the
 Ansible module, started on the controller for one key of one playbook run.
 
-    python3 -m dlock.hold KEY  < settings as JSON on stdin
+    python3 -m dlock.hold KEY  < settings as one JSON line, then "go"
 
 Settings (stdin, so the password is on no command line or environment):
 url, password, ca_file, op_timeout, key, owner, ttl, pid (ansible-playbook),
-run_dir (its local temp dir), state_file. One line on stdout answers the
-start: {"ok": true} once a first renewal worked, else {"error": "..."}.
+run_dir (its local temp dir), state_file. The caller starts the renewer
+before it takes the lock, and writes "go" once it has it: Python's start,
+the driver's import and the connection are paid before the lease's ttl
+starts to run, so a slow controller cannot spend the ttl before the first
+renewal. Without "go" (stdin closed: the lock was not taken) it exits and
+touches nothing. After "go", one line on stdout answers the start:
+{"ok": true} once a first renewal worked, else {"error": "..."}.
 
 The lease is renewed every ttl/3 (the runner's Heartbeat) until one of:
 - run_dir is removed: ansible-playbook removes it from an atexit handler, so
@@ -142,22 +147,29 @@ class Renewer(object):
 
 def main(stdin=None, stdout=None):
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
-    settings = json.loads(stdin.read())
-    stdin.close()
-    backend = None
+    settings = json.loads(stdin.readline())
+    backend, error = None, None
     try:
         backend = open_backend(settings["url"], settings.get("password"), float(settings["op_timeout"]),
                                settings.get("ca_file"))
-        renewer = Renewer(settings, backend)
-        deadline = renewer.start()
     except DlockError as exc:
-        stdout.write(json.dumps({"error": str(exc)}) + "\n")
-        stdout.close()
+        error = str(exc)
+    go = stdin.readline().strip() == "go"
+    stdin.close()
+    renewer = None
+    if go and error is None:
+        try:
+            renewer = Renewer(settings, backend)
+            deadline = renewer.start()
+        except DlockError as exc:
+            error = str(exc)
+    if go:
+        stdout.write(json.dumps({"error": error} if error else {"ok": True}) + "\n")
+    stdout.close()
+    if error or not go:
         if backend is not None:
             backend.close()
-        return 1
-    stdout.write(json.dumps({"ok": True}) + "\n")
-    stdout.close()
+        return 1 if error else 0
     try:
         renewer.finish(*renewer.hold(deadline))
     finally:
