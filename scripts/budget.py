@@ -6,13 +6,16 @@ lines land in it:
   name, lane, seconds, exit status and the checks its output reports);
 - "playbook": one per ansible-playbook run in a lab stage, from the
   callback tests/budget/callback_plugins/dlock_suite_count.py;
-- "up": one per `lab.py up` that booted nodes (tests/lab/lab.py).
+- "up": one per `lab.py up` that booted nodes (tests/lab/lab.py);
+- "node_cpu": one per lab node removed, the CPU time its cgroup used.
 
-    budget.py stage --name NAME --lane LANE --seconds N --rc N --output FILE
+    budget.py stage --name NAME --lane LANE --seconds N --rc N --output FILE [--cpu-seconds N]
     budget.py cpu      # before and after the lanes: how busy the cores were
     budget.py table
 
-`table` prints one row a stage and the totals: the rollouts of
+`table` prints one row a stage and the totals: its CPU time (its own
+processes on the host, from the cgroup scripts/test.sh runs it in, plus its
+lab nodes'; on two cores the suite cannot end before half the total),  the rollouts of
 playbooks/site.yml (a molecule converge.yml imports it and counts as one),
 in check mode, and failing (the preflight tests' rollouts fail on purpose),
 and the labs and nodes booted. Then, for each stage that failed, what failed
@@ -127,12 +130,15 @@ def describe(counts):
 def table(records):
     stages = [r for r in records if r["event"] == "stage"]
     rows = []
-    totals = {"seconds": 0, "rollouts": 0, "check": 0, "failing": 0, "other": 0, "labs": 0, "nodes": 0}
+    totals = {"seconds": 0, "rollouts": 0, "check": 0, "failing": 0, "other": 0, "labs": 0, "nodes": 0,
+              "host_cpu": 0.0, "node_cpu": 0.0}
     for stage in stages:
         runs = [r for r in records if r["event"] == "playbook" and r.get("stage") == stage["name"]]
         ups = [r for r in records if r["event"] == "up" and r.get("stage") == stage["name"]]
         rollouts = [r for r in runs if r["playbook"] in ROLLOUT_PLAYBOOKS]
         row = {
+            "host_cpu": stage.get("cpu_seconds") or 0.0,
+            "node_cpu": sum(r["seconds"] for r in records if r["event"] == "node_cpu" and r.get("stage") == stage["name"]),
             "rollouts": sum(1 for r in rollouts if not r["check"] and not r["failed"]),
             "check": sum(1 for r in rollouts if r["check"]),
             "failing": sum(1 for r in rollouts if r["failed"] and not r["check"]),
@@ -143,15 +149,18 @@ def table(records):
         for key, value in row.items():
             totals[key] += value
         rows.append((stage, row))
-    header = "%-44s %-8s %6s %4s %5s %5s %5s %5s %4s %5s  %s" % (
-        "stage", "lane", "secs", "rc", "full", "check", "fail", "other", "labs", "nodes", "checks run")
+    header = "%-14s %-8s %6s %4s %6s %6s %5s %5s %5s %5s %4s %5s  %s" % (
+        "stage", "lane", "secs", "rc", "cpu", "nodes'", "full", "check", "fail", "other", "labs", "nodes", "checks run")
     print(header)
     print("-" * len(header))
     for stage, row in rows:
-        print("%-44s %-8s %6d %4d %5d %5d %5d %5d %4d %5d  %s" % (
-            stage["name"][:44], stage["lane"], stage["seconds"], stage["rc"], row["rollouts"], row["check"],
-            row["failing"], row["other"], row["labs"], row["nodes"], describe(stage["checks"])))
+        print("%-14s %-8s %6d %4d %6d %6d %5d %5d %5d %5d %4d %5d  %s" % (
+            stage["name"][:14], stage["lane"], stage["seconds"], stage["rc"], row["host_cpu"], row["node_cpu"],
+            row["rollouts"], row["check"], row["failing"], row["other"], row["labs"], row["nodes"],
+            describe(stage["checks"])))
     print("-" * len(header))
+    print("CPU time: %d s in all, %d s of it in lab nodes (cpu: a stage's processes on the host; nodes': "
+          "its lab nodes')" % (totals["host_cpu"] + totals["node_cpu"], totals["node_cpu"]))
     marks = [r for r in records if r["event"] == "cpu"]
     if len(marks) >= 2:
         busy = marks[-1]["busy"] - marks[0]["busy"]
@@ -177,6 +186,7 @@ def main(argv=None):
     stage.add_argument("--seconds", type=int, required=True)
     stage.add_argument("--rc", type=int, required=True)
     stage.add_argument("--output", required=True, help="the stage's whole output")
+    stage.add_argument("--cpu-seconds", type=float, help="the CPU time of the stage's processes on the host")
     sub.add_parser("cpu", help="record the machine's CPU time so far (the table shows the share used between marks)")
     sub.add_parser("table", help="print the table of the stages recorded so far")
     args = parser.parse_args(argv)
@@ -186,7 +196,8 @@ def main(argv=None):
         with open(args.output, errors="replace") as handle:
             output = handle.read()
         append({"event": "stage", "name": args.name, "lane": args.lane, "seconds": args.seconds,
-                "rc": args.rc, "checks": checks_in(output), "failures": failures_in(output) if args.rc else []})
+                "rc": args.rc, "cpu_seconds": args.cpu_seconds, "checks": checks_in(output),
+                "failures": failures_in(output) if args.rc else []})
         return 0
     if args.command == "cpu":
         busy, total = cpu_times()

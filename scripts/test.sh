@@ -71,21 +71,35 @@ fi
 # output) as they happen, its seconds, exit status and checks recorded for
 # the table. In the lab sessions every ansible-playbook run is counted (the
 # callback appends a line to DLOCK_SUITE_COUNT; lab.py counts its boots).
+# The stage's processes on the host run in a cgroup of their own, whose
+# cpu.stat gives the stage's CPU time for the table (its lab nodes move to
+# cgroups of their own, and lab.py counts theirs as it removes them). None
+# where the host has no cgroup2.
+CGROUP2=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/self/mounts)
+
 run_session() {
-  local session=$1 start=$SECONDS rc=0 output env=()
+  local session=$1 start=$SECONDS rc=0 output env=() group="" cpu=()
   output=$(mktemp /tmp/dlock-stage.XXXXXX)
+  if [[ -n $CGROUP2 ]] && mkdir -p "$CGROUP2/dlock-stage-$session" 2>/dev/null; then
+    group=$CGROUP2/dlock-stage-$session
+  fi
   case $session in
     lab-* | molecule*) env=(ANSIBLE_CALLBACK_PLUGINS="$PWD/tests/budget/callback_plugins"
                             ANSIBLE_CALLBACKS_ENABLED=dlock_suite_count) ;;
   esac
   echo "=== [$LANE] started: $session" >&3
   printf '\n=== %s\n' "$session"
-  env "${env[@]}" DLOCK_SUITE_STAGE="$session" nice -n "${LANE_NICE[$LANE]:-0}" nox -s "$session" 2>&1 \
+  ( if [[ -n $group ]]; then echo "$BASHPID" > "$group/cgroup.procs"; fi
+    exec env "${env[@]}" DLOCK_SUITE_STAGE="$session" nice -n "${LANE_NICE[$LANE]:-0}" nox -s "$session" ) 2>&1 \
     | tee "$output" || rc=$?
+  if [[ -n $group ]]; then
+    cpu=(--cpu-seconds "$(awk '$1 == "usage_usec" {printf "%.1f", $2 / 1e6}' "$group/cpu.stat")")
+    rmdir "$group" 2>/dev/null || true  # a process the stage left behind keeps it
+  fi
   echo "=== $session: $((SECONDS - start))s (exit $rc)"
   echo "=== [$LANE] $session: $((SECONDS - start))s (exit $rc)" >&3
   python3 scripts/budget.py stage --name "$session" --lane "$LANE" --seconds $((SECONDS - start)) --rc "$rc" \
-    --output "$output"
+    --output "$output" "${cpu[@]}"
   rm -f "$output"
   return "$rc"
 }

@@ -57,13 +57,15 @@ def test_the_callback_counts_rollouts_check_mode_and_failures_per_stage(tmp_path
         assert budget.main(["cpu"]) == 0
         sum(range(3 * 10 ** 6))  # some CPU time between the marks
         assert budget.main(["cpu"]) == 0
-        for name, seconds in (("lab one", 12), ("lab two", 3)):
+        for name, seconds, cpu in (("lab one", 12, "30.5"), ("lab two", 3, "2")):
             output = tmp_path / "out.txt"
             output.write_text('==== 4 passed, 1 skipped in 3.20s ====\nRunning sanity test "pep8"\n')
             assert budget.main(["stage", "--name", name, "--lane", "l", "--seconds", str(seconds), "--rc", "0",
-                                "--output", str(output)]) == 0
+                                "--output", str(output), "--cpu-seconds", cpu]) == 0
         with open(str(count_file), "a") as handle:
             handle.write(json.dumps({"event": "up", "lab": "x", "new_lab": True, "booted": 4, "stage": "lab two"}) + "\n")
+            for node, seconds in (("x-n1", 4.5), ("x-n2", 3.0)):
+                handle.write(json.dumps({"event": "node_cpu", "node": node, "seconds": seconds, "stage": "lab two"}) + "\n")
         assert budget.main(["table"]) == 0
     finally:
         del os.environ["DLOCK_SUITE_COUNT"]
@@ -73,6 +75,10 @@ def test_the_callback_counts_rollouts_check_mode_and_failures_per_stage(tmp_path
     busy = re.search(r"cores busy while the lanes ran: ([\d.]+) of (\d+)", table)
     assert busy and 0 < float(busy.group(1)) <= int(busy.group(2)), table
     assert "4 passed, 1 skipped, 1 sanity tests" in table, table
+    # CPU: the stage's own (host) and its nodes', each stage's row and the sum.
+    rows = dict((line[:14].strip(), line[14:].split()[1:5]) for line in table.splitlines() if line.startswith("lab "))
+    assert rows == {"lab one": ["12", "0", "30", "0"], "lab two": ["3", "0", "2", "7"]}, table
+    assert "CPU time: 40 s in all, 7 s of it in lab nodes" in table, table
 
 
 @pytest.mark.parametrize("text,expected", [

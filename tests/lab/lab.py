@@ -245,6 +245,20 @@ def kill_cgroup(name):
         time.sleep(0.1)
 
 
+def cgroup_cpu_seconds(name):
+    """The CPU time all processes of cgroup `name` used (cgroup2's cpu.stat,
+    kept until the cgroup is removed), None where there is no cgroup2."""
+    for root in cgroup_roots():
+        try:
+            with open(os.path.join(root, name, "cpu.stat")) as handle:
+                for line in handle:
+                    if line.startswith("usage_usec "):
+                        return int(line.split()[1]) / 1e6
+        except OSError:
+            continue
+    return None
+
+
 def remove_cgroup(name):
     kill_cgroup(name)
     for root in cgroup_roots():
@@ -690,6 +704,11 @@ class Lab:
 
     def _remove_node(self, name):
         self._stop([name], STOP_TIMEOUT)
+        # What the node cost, for the suite's budget table (its cgroup is
+        # not its stage's: that one counts the stage's processes on the host).
+        seconds = cgroup_cpu_seconds(name)
+        if seconds is not None and os.environ.get("DLOCK_SUITE_COUNT"):
+            count_for_the_suite({"event": "node_cpu", "node": name, "seconds": round(seconds, 1)})
         remove_cgroup(name)
         self._remove_netns(name)  # also removes the veth pair
         remove_tree(self._node_dir(name))

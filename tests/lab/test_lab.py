@@ -157,18 +157,24 @@ def test_pause_and_resume(lab):
     assert lab.faults_left() == []
 
 
-def test_down_removes_everything(lab):
+def test_down_removes_everything(lab, tmp_path, monkeypatch):
     """A second, small lab goes away completely on `down`, even with a delay
     helper running and an orphaned container (its nspawn killed alone), and the
-    session's lab is not touched."""
+    session's lab is not touched. Each node's CPU time is counted for the
+    suite's budget table as it goes."""
     other = Lab(prefix="dlkd", subnet="10.77.2")
     other.down()  # no-op on nothing
+    counted = tmp_path / "count.jsonl"
+    monkeypatch.setenv("DLOCK_SUITE_COUNT", str(counted))
     try:
         assert other.up(nodes=1, backend=True) == ["dlkd-backend", "dlkd-n1"]
         other.delay("n1", 10)
         os.kill(other.pid("backend"), signal.SIGKILL)
     finally:
         other.down()
+    records = [json.loads(line) for line in counted.read_text().splitlines()]
+    cpu = dict((r["node"], r["seconds"]) for r in records if r["event"] == "node_cpu")
+    assert sorted(cpu) == ["dlkd-backend", "dlkd-n1"] and all(seconds > 0 for seconds in cpu.values()), records
     netns = json.loads(subprocess.run(["ip", "-j", "netns", "list"], capture_output=True,
                                       text=True, check=True).stdout or "[]")
     links = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True,
