@@ -225,6 +225,10 @@ def changes_nothing_again(lab, name, extra_vars=None):
     for value in passwords(lab):
         tail = tail.replace(value, "********")
     assert again.returncode == 0, tail
+    # Each role's checks ran once, in site.yml's first play: the roles' own
+    # plays skipped theirs (docs/roles.md, playbooks/site.yml).
+    checks = again.stdout.count("TASK [dlock.fleet.dlock_jobs : Preflight | Validate the job entries]")
+    assert checks == 1, "the jobs' checks ran %d times" % checks
 
 
 def passes_its_verify_set(lab, name, capsys):
