@@ -84,45 +84,76 @@ class RunHold(object):
             return state.get("error") or state["status"]
         return None
 
-    def spawn(self, settings):
-        """Start the renewer before the lock is taken (hold.py says why);
-        settings go on its stdin (they hold the password)."""
+    def spawn(self, settings, timeout=RENEWER_START_SECONDS):
+        """Start the renewer before the lock is taken and wait until it is
+        connected (hold.py says why); settings go on its stdin (they hold the
+        password). Returns (the renewer, None), or (None, why it is not ready)."""
         module_utils = os.path.dirname(os.path.dirname(os.path.abspath(engine.__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([module_utils] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         with open(self.log_file, "ab") as log:
             # Own session: a Ctrl-C of ansible-playbook's terminal must not reach it.
+            # Unbuffered: its answers are read a line at a time after select().
             proc = subprocess.Popen([sys.executable, "-m", "dlock.hold", self.key], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=log, env=env, cwd="/",
+                                    stdout=subprocess.PIPE, stderr=log, env=env, cwd="/", bufsize=0,
                                     start_new_session=True, close_fds=True)
-        proc.stdin.write(json.dumps(settings).encode("utf-8") + b"\n")
-        proc.stdin.flush()
-        return proc
+        self._tell(proc, json.dumps(settings).encode("utf-8") + b"\n")
+        answer = self._answer(proc, timeout)
+        if "ready" not in answer:
+            self._end(proc)
+            return None, answer.get("error", answer)
+        return proc, None
 
-    @staticmethod
-    def abandon(proc):
+    def abandon(self, proc):
         """The lock was not taken: the spawned renewer exits without touching it."""
-        proc.stdin.close()
-        proc.stdout.close()
-        proc.wait()
+        self._end(proc, gently=True)
 
     def start(self, proc, timeout=RENEWER_START_SECONDS):
         """The lock is ours: the spawned renewer renews it once and answers."""
-        proc.stdin.write(b"go\n")
-        proc.stdin.close()
+        self._tell(proc, b"go\n")
+        answer = self._answer(proc, timeout)
+        proc.stdout.close()
+        if "ok" not in answer:
+            self._end(proc)
+            raise LockFailed("hold: the renewer did not start: %s; the lease expires within its ttl"
+                             % answer.get("error", answer))
+        return proc.pid
+
+    @staticmethod
+    def _tell(proc, line):
+        """A line to the renewer; one that died already answers nothing, which _answer says."""
+        try:
+            proc.stdin.write(line)
+            if line == b"go\n":
+                proc.stdin.close()
+        except OSError:
+            pass
+
+    def _answer(self, proc, timeout):
         ready = select.select([proc.stdout], [], [], timeout)[0]
         line = proc.stdout.readline() if ready else b""
-        proc.stdout.close()
         try:
-            answer = json.loads(line.decode("utf-8"))
+            return json.loads(line.decode("utf-8"))
         except ValueError:
-            answer = {"error": "no answer within %ds (see %s)" % (timeout, self.log_file)}
-        if "error" in answer:
-            proc.kill()
-            proc.wait()
-            raise LockFailed("hold: the renewer did not start: %s; the lease expires within its ttl"
-                             % answer["error"])
-        return proc.pid
+            return {"error": "no answer within %ds (see %s)" % (timeout, self.log_file)}
+
+    @staticmethod
+    def _end(proc, gently=False):
+        """Close the renewer's pipes and reap it: let it leave (gently, it
+        exits on stdin's end), else kill it."""
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        if gently:
+            try:
+                proc.wait(RENEWER_START_SECONDS)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        proc.kill()
+        proc.wait()
 
     def stop(self, timeout):
         """Stop a running renewer without releasing; True if there was one."""
@@ -153,7 +184,12 @@ def run_with_hold(params, check_mode, diff, run_dir):
                 hold.stop(parse_duration(params["op_timeout"], "op_timeout") + 3.0)
             result = run_lock(params, check_mode, diff)
         elif params["hold"] and not check_mode and hold.running() is None:
-            renewer = hold.spawn(_renewer_settings(params, hold, run_dir))
+            renewer, not_ready = hold.spawn(_renewer_settings(params, hold, run_dir))
+            if not_ready:
+                # The task's own words when the backend refuses this
+                # controller (unreachable, a bad password), as without hold.
+                run_lock(params, True, diff)
+                raise LockFailed("hold: the renewer did not start: %s; the lock was not taken" % not_ready)
             try:
                 result = run_lock(params, check_mode, diff)
             except BaseException:

@@ -5,13 +5,18 @@ Ansible module, started on the controller for one key of one playbook run.
 
 Settings (stdin, so the password is on no command line or environment):
 url, password, ca_file, op_timeout, key, owner, ttl, pid (ansible-playbook),
-run_dir (its local temp dir), state_file. The caller starts the renewer
-before it takes the lock, and writes "go" once it has it: Python's start,
-the driver's import and the connection are paid before the lease's ttl
-starts to run, so a slow controller cannot spend the ttl before the first
-renewal. Without "go" (stdin closed: the lock was not taken) it exits and
-touches nothing. After "go", one line on stdout answers the start:
-{"ok": true} once a first renewal worked, else {"error": "..."}.
+run_dir (its local temp dir), state_file.
+
+The caller starts the renewer before it takes the lock, so that Python's
+start, the driver's import and the connection are paid before the lease's
+ttl starts to run (a loaded controller once took longer than a 3 s ttl):
+1. the renewer reads the settings, connects and queries the key (the
+   connection is made on first use), then answers one line on stdout:
+   {"ready": true}, else {"error": "..."};
+2. the caller takes the lock and writes "go" (or closes stdin without it:
+   the lock was not taken, and the renewer exits having touched nothing);
+3. after "go", one more line: {"ok": true} once a first renewal worked and
+   the state file names this renewer, else {"error": "..."}.
 
 The lease is renewed every ttl/3 (the runner's Heartbeat) until one of:
 - run_dir is removed: ansible-playbook removes it from an atexit handler, so
@@ -94,9 +99,19 @@ class Renewer(object):
         write_state(self.settings["state_file"], self.state)
 
     def start(self):
-        """First renewal: the lease must still be ours. Returns the deadline."""
-        sent = now()
-        if not self.backend.renew(self.key, self.owner, self.timing.ttl):
+        """First renewal: the lease must still be ours. Returns the deadline.
+        Tried twice: the connection made before the lock was taken may have
+        been dropped while the caller waited for the lock (the failed request
+        drops it here too, and the second opens a new one)."""
+        for attempt in (1, 2):
+            sent = now()
+            try:
+                renewed = self.backend.renew(self.key, self.owner, self.timing.ttl)
+                break
+            except DlockError:
+                if attempt == 2:
+                    raise
+        if not renewed:
             raise DlockError("%s is no longer held by %s" % (self.key, self.owner))
         return LeaseDeadline(self.timing.ttl, clock_margin(self.timing.ttl), 0.0, sent)
 
@@ -145,31 +160,43 @@ class Renewer(object):
         self.save(status=outcome, error=error)
 
 
+def _answer(stdout, answer):
+    stdout.write(json.dumps(answer) + "\n")
+    stdout.flush()
+
+
 def main(stdin=None, stdout=None):
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     settings = json.loads(stdin.readline())
-    backend, error = None, None
+    backend = None
     try:
         backend = open_backend(settings["url"], settings.get("password"), float(settings["op_timeout"]),
                                settings.get("ca_file"))
+        backend.query(settings["key"])  # connected, and allowed to read the key
     except DlockError as exc:
-        error = str(exc)
-    go = stdin.readline().strip() == "go"
-    stdin.close()
-    renewer = None
-    if go and error is None:
-        try:
-            renewer = Renewer(settings, backend)
-            deadline = renewer.start()
-        except DlockError as exc:
-            error = str(exc)
-    if go:
-        stdout.write(json.dumps({"error": error} if error else {"ok": True}) + "\n")
-    stdout.close()
-    if error or not go:
+        _answer(stdout, {"error": str(exc)})
         if backend is not None:
             backend.close()
-        return 1 if error else 0
+        return 1
+    _answer(stdout, {"ready": True})
+    go = stdin.readline().strip() == "go"
+    stdin.close()
+    if not go:  # the lock was not taken
+        backend.close()
+        return 0
+    renewer = Renewer(settings, backend)
+    try:
+        deadline = renewer.start()
+    except DlockError as exc:
+        _answer(stdout, {"error": str(exc)})
+        backend.close()
+        return 1
+    # Named in the state file before the answer: another task of this run on
+    # the same key (several hosts, no run_once) finds it running, and starts
+    # no second renewer.
+    renewer.save(status="starting")
+    _answer(stdout, {"ok": True})
+    stdout.close()
     try:
         renewer.finish(*renewer.hold(deadline))
     finally:

@@ -136,20 +136,6 @@ def test_check_and_diff_mode_change_nothing(ansible, engine, unique_key, tmp_pat
 
 
 # -- 3. a lock held for the rest of the run ------------------------------------------------------
-def renewers_of(key):
-    """The pids of this machine's renewers of key (dlock.hold KEY in the command line)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open("/proc/%s/cmdline" % entry, "rb") as handle:
-                argv = handle.read().split(b"\0")
-        except (IOError, OSError):
-            continue
-        if b"dlock.hold" in argv and key.encode() in argv:
-            found.append(int(entry))
-    return found
-
-
 def hold_vars(key, tmp_path, run_name, **extra):
     values = {"lock_key": key, "lock_ttl": 3, "lock_wait": 60, "work_seconds": 4, "run_name": run_name,
               "ledger": str(tmp_path / "ledger")}
@@ -185,7 +171,7 @@ def test_concurrent_runs_with_wait_zero_one_fails_fast(ansible, engine, unique_k
     assert len(ledger_runs(str(tmp_path / "ledger"))) == 1
     # The loser's renewer, started before its try, left without "go"; the
     # winner's released the lock and left when its run ended.
-    assert wait_for(lambda: not renewers_of(unique_key), 10.0), renewers_of(unique_key)
+    assert wait_for(lambda: not renewer_pids(unique_key), 10.0), renewer_pids(unique_key)
     assert engine.query(unique_key).owner is None
 
 
@@ -253,6 +239,12 @@ def test_errors_have_their_own_messages(ansible, unique_key, pg_server, redis_se
     rc, result, _out = ansible.adhoc("key=%s backend_url=%s" % (unique_key, pg_server.url(scheme="postgresql+advisory")))
     assert rc != 0 and "the postgresql+advisory backend keeps its lock only as long as" in result["msg"]
     assert ansible.adhoc("key=%s state=query backend_url=%s" % (unique_key, redis_server.url))[0] == 0
+    # hold: the renewer, started before the lock is taken, cannot log in: the
+    # task's own message, nothing taken, no renewer left.
+    rc, result, _out = ansible.adhoc("key=%s hold=true backend_url=%s backend_password=wrong-one"
+                                     % (unique_key, pg_server.url(user="locker")))
+    assert rc != 0 and "authentication to the lock backend" in result["msg"], result
+    assert renewer_pids(unique_key) == []
 
 
 def test_secrets_stay_out_of_output_argv_and_environment(tmp_path, pg_server, unique_key):
