@@ -137,7 +137,7 @@ def table(records):
         ups = [r for r in records if r["event"] == "up" and r.get("stage") == stage["name"]]
         rollouts = [r for r in runs if r["playbook"] in ROLLOUT_PLAYBOOKS]
         row = {
-            "host_cpu": stage.get("cpu_seconds") or 0.0,
+            "host_cpu": stage.get("cpu_seconds"),  # None: not measured (no cgroup2)
             "node_cpu": sum(r["seconds"] for r in records if r["event"] == "node_cpu" and r.get("stage") == stage["name"]),
             "rollouts": sum(1 for r in rollouts if not r["check"] and not r["failed"]),
             "check": sum(1 for r in rollouts if r["check"]),
@@ -147,15 +147,16 @@ def table(records):
             "nodes": sum(r["booted"] for r in ups),
         }
         for key, value in row.items():
-            totals[key] += value
+            totals[key] += value or 0
         rows.append((stage, row))
     header = "%-14s %-8s %6s %4s %6s %6s %5s %5s %5s %5s %4s %5s  %s" % (
         "stage", "lane", "secs", "rc", "cpu", "nodes'", "full", "check", "fail", "other", "labs", "nodes", "checks run")
     print(header)
     print("-" * len(header))
     for stage, row in rows:
-        print("%-14s %-8s %6d %4d %6d %6d %5d %5d %5d %5d %4d %5d  %s" % (
-            stage["name"][:14], stage["lane"], stage["seconds"], stage["rc"], row["host_cpu"], row["node_cpu"],
+        print("%-14s %-8s %6d %4d %6s %6d %5d %5d %5d %5d %4d %5d  %s" % (
+            stage["name"][:14], stage["lane"], stage["seconds"], stage["rc"],
+            "-" if row["host_cpu"] is None else "%d" % row["host_cpu"], row["node_cpu"],
             row["rollouts"], row["check"], row["failing"], row["other"], row["labs"], row["nodes"],
             describe(stage["checks"])))
     print("-" * len(header))

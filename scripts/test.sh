@@ -80,8 +80,10 @@ CGROUP2=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/self/mounts)
 run_session() {
   local session=$1 start=$SECONDS rc=0 output env=() group="" cpu=()
   output=$(mktemp /tmp/dlock-stage.XXXXXX)
-  if [[ -n $CGROUP2 ]] && mkdir -p "$CGROUP2/dlock-stage-$session" 2>/dev/null; then
-    group=$CGROUP2/dlock-stage-$session
+  # A new group each run ($$): one an earlier run could not remove (a
+  # process it left behind) would count that run's CPU again.
+  if [[ -n $CGROUP2 ]] && mkdir "$CGROUP2/dlock-stage-$session-$$" 2>/dev/null; then
+    group=$CGROUP2/dlock-stage-$session-$$
   fi
   case $session in
     lab-* | molecule*) env=(ANSIBLE_CALLBACK_PLUGINS="$PWD/tests/budget/callback_plugins"
@@ -93,7 +95,7 @@ run_session() {
     exec env "${env[@]}" DLOCK_SUITE_STAGE="$session" nice -n "${LANE_NICE[$LANE]:-0}" nox -s "$session" ) 2>&1 \
     | tee "$output" || rc=$?
   if [[ -n $group ]]; then
-    cpu=(--cpu-seconds "$(awk '$1 == "usage_usec" {printf "%.1f", $2 / 1e6}' "$group/cpu.stat")")
+    read -ra cpu <<< "$(awk '$1 == "usage_usec" {printf "--cpu-seconds %.1f", $2 / 1e6}' "$group/cpu.stat" 2>/dev/null)"
     rmdir "$group" 2>/dev/null || true  # a process the stage left behind keeps it
   fi
   echo "=== $session: $((SECONDS - start))s (exit $rc)"

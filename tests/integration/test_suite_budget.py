@@ -140,3 +140,5 @@ def test_the_table_ends_with_what_failed_in_each_failed_stage(tmp_path, capsys, 
     assert what_failed.count("FAILED tests/a.py::test_one") == budget.FAILURES_KEPT
     assert "... and 3 more" in what_failed
     assert "what failed in units" not in table and "test_not_this_one" not in table
+    # No CPU time measured (no cgroup2): a dash, not a zero.
+    assert [line.split()[4] for line in table.splitlines() if line.startswith(("matrix ", "units "))] == ["-", "-"], table
