@@ -110,7 +110,7 @@ class RunHold(object):
 
     def start(self, proc, timeout=RENEWER_START_SECONDS):
         """The lock is ours: the spawned renewer renews it once and answers."""
-        self._tell(proc, b"go\n")
+        self._tell(proc, b"go\n", last=True)
         answer = self._answer(proc, timeout)
         proc.stdout.close()
         if "ok" not in answer:
@@ -120,11 +120,12 @@ class RunHold(object):
         return proc.pid
 
     @staticmethod
-    def _tell(proc, line):
-        """A line to the renewer; one that died already answers nothing, which _answer says."""
+    def _tell(proc, line, last=False):
+        """A line to the renewer (the last closes its stdin); one that died
+        already answers nothing, which _answer says."""
         try:
             proc.stdin.write(line)
-            if line == b"go\n":
+            if last:
                 proc.stdin.close()
         except OSError:
             pass
