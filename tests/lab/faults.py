@@ -104,7 +104,9 @@ class LedgerFleet(object):
                 return found
             assert time.monotonic() < deadline, "%s: %d of %d successful runs within %ds: %r; the runners said: %s" \
                 % (what, len(done), count, timeout, found, self.results(since))
-            time.sleep(0.5)
+            # Every second: each read is a journalctl on every job node, and a run
+            # lasts WORK seconds, so a finer poll sees nothing sooner.
+            time.sleep(1.0)
 
     def results(self, since):
         """{result: (count, the last error)} of every runner on every node since SINCE."""
