@@ -94,16 +94,39 @@ def lab_passwords(lab):
     return dict((name, password_file(lab, **kind)) for name, kind in PASSWORD_KINDS)
 
 
-def molecule_config(name, ephemeral="/nonexistent"):
-    """The scenario's molecule.yml, read as molecule reads it: interpolated
-    (of the one variable the scenarios use; $$ is a $), then parsed. The
-    one reader of the file: its group_vars, playbooks and verifier below."""
-    with open(os.path.join(scenario_directory(name), "molecule.yml")) as handle:
-        text = handle.read()
-    text = text.replace("$$", "\0").replace(EPHEMERAL_MARK, ephemeral)
+BASE_CONFIG = os.path.join(ROOT, ".config", "molecule", "config.yml")
+PROJECT_MARK = "${MOLECULE_PROJECT_DIRECTORY}"
+
+
+def _interpolated(path, ephemeral):
+    """A molecule file parsed after molecule's interpolation of the two
+    variables ours use ($$ is a $)."""
+    with open(path) as handle:
+        text = handle.read().replace("$$", "\0")
+    for mark, value in ((EPHEMERAL_MARK, ephemeral), (PROJECT_MARK, ROOT)):
+        text = text.replace(mark, value)
     if "$" in text:
-        raise ValueError("molecule/%s/molecule.yml: a $ other than %s or $$" % (name, EPHEMERAL_MARK))
+        raise ValueError("%s: a $ other than %s, %s or $$" % (os.path.relpath(path, ROOT), EPHEMERAL_MARK, PROJECT_MARK))
     return yaml.safe_load(text.replace("\0", "$"))
+
+
+def _merged(base, own):
+    """OWN over BASE as molecule merges a scenario over the base config:
+    mappings key by key, anything else (a list too) replaced."""
+    if not (isinstance(base, dict) and isinstance(own, dict)):
+        return own
+    merged = dict(base)
+    for key, value in own.items():
+        merged[key] = _merged(base[key], value) if key in base else value
+    return merged
+
+
+def molecule_config(name, ephemeral="/nonexistent"):
+    """The scenario's molecule.yml, read as molecule reads it: interpolated,
+    parsed, and merged over the base config. The one reader of the files:
+    the group_vars, playbooks and verifier below."""
+    return _merged(_interpolated(BASE_CONFIG, ephemeral),
+                   _interpolated(os.path.join(scenario_directory(name), "molecule.yml"), ephemeral))
 
 
 def group_vars(name, ephemeral="/nonexistent"):
@@ -134,19 +157,13 @@ def playbooks(name):
     return dict((step, os.path.normpath(os.path.join(scenario_directory(name), path))) for step, path in named.items())
 
 
-BASE_CONFIG = os.path.join(ROOT, ".config", "molecule", "config.yml")
-
-
 def verify_paths(name):
     """What molecule's testinfra verifier gives pytest, in its order: the
     scenario's tests directory, then the shared checks its
-    additional_files_or_dirs names (the scenario's list, else the base
-    config's; relative to that directory; globs expanded)."""
+    additional_files_or_dirs names (relative to that directory; globs
+    expanded)."""
     tests = os.path.join(scenario_directory(name), "tests")
-    own = molecule_config(name).get("verifier", {})
-    with open(BASE_CONFIG) as handle:
-        base = yaml.safe_load(handle).get("verifier", {})
-    additional = own.get("additional_files_or_dirs", base.get("additional_files_or_dirs", []))
+    additional = molecule_config(name).get("verifier", {}).get("additional_files_or_dirs", [])
     found = [tests]
     for pattern in additional:
         found += [os.path.normpath(path) for path in glob.glob(os.path.join(glob.escape(tests), pattern))]
