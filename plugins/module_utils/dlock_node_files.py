@@ -10,13 +10,40 @@ disk first; a reader sees the old file or the new one."""
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import stat
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import replace_file
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Failure
 
 ROOT = 0
+CREATE_IT_FIRST = "create it first"
+
+
+def owner_id(name):
+    """The uid of a user name or id; the user must exist."""
+    if name.isdigit():
+        return int(name)
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        raise Failure("user %s does not exist on this node: %s" % (name, CREATE_IT_FIRST))
+
+
+def group_id(name, check, remedy=CREATE_IT_FIRST):
+    """The gid of a group name or id; None in check mode when the group does
+    not exist yet (the run that creates it would set it). REMEDY: what the
+    failure tells to do otherwise."""
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        if check:
+            return None
+        raise Failure("group %s does not exist on this node: %s" % (name, remedy))
 
 
 def read_current(path):

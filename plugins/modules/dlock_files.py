@@ -77,8 +77,6 @@ paths:
   sample: ["/etc/chrony/chrony.conf"]
 """
 
-import grp
-import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -136,28 +134,6 @@ def parse_files(files):
     return unique
 
 
-def owner_id(name):
-    """The uid of a user name or id; the user must exist."""
-    if name.isdigit():
-        return int(name)
-    try:
-        return pwd.getpwnam(name).pw_uid
-    except KeyError:
-        raise Failure("user %s does not exist on this node: create it first" % name)
-
-
-def group_id(name, check):
-    """The gid of a group name or id; None in check mode when the group does not exist yet."""
-    if name.isdigit():
-        return int(name)
-    try:
-        return grp.getgrnam(name).gr_gid
-    except KeyError:
-        if check:
-            return None
-        raise Failure("group %s does not exist on this node: create it first" % name)
-
-
 def plan(entries, check, diff):
     """The changes the entries need, in order; reads only."""
     changes = []
@@ -165,7 +141,7 @@ def plan(entries, check, diff):
         if entry["state"] == "absent":
             change = node_files.plan_removal(entry["path"], with_text=diff)
         else:
-            uid, gid = owner_id(entry["owner"]), group_id(entry["group"], check)
+            uid, gid = node_files.owner_id(entry["owner"]), node_files.group_id(entry["group"], check)
             if entry["state"] == "directory":
                 change = node_files.plan_directory(entry["path"], uid, gid, entry["mode"])
             else:

@@ -207,17 +207,6 @@ class JobUnits(object):
         self.daemon_reload = False
 
     # -- the files ---------------------------------------------------------------
-    def _group_id(self, group):
-        """The job files' group id; None in check mode when the group does not
-        exist yet (the runner role, applied before, would have made it)."""
-        try:
-            return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
-        except KeyError:
-            if self.check:
-                return None
-            raise Failure("group %s does not exist: apply the dlock.fleet.dlock_runner role first (it creates it)"
-                          % group)
-
     @staticmethod
     def _files(job, settings, unit_dir, gid):
         """(path, content, uid, gid, mode) of each of the job's three files."""
@@ -307,7 +296,9 @@ class JobUnits(object):
         systemd says one of the present jobs' units needs it (a call that
         failed after writing, or whose reload failed, left it so: the files
         are as wanted now, and only systemd still has the old ones)."""
-        gid = self._group_id(settings.group)
+        # The runner role, applied before, makes the group; in check mode it may not be there yet.
+        gid = node_files.group_id(settings.group, self.check,
+                                  "apply the dlock.fleet.dlock_runner role first (it creates it)")
         present = [job for job in jobs if job["state"] == "present"]
         for job in present:
             self._require_accounts(job, settings)

@@ -259,7 +259,7 @@ def test_the_credential_is_loaded_only_when_the_password_file_exists(node):
 
 
 def test_a_missing_group_fails_but_check_mode_reports_the_files_without_it(node):
-    with pytest.raises(Failure, match="group no-such-group does not exist: apply the dlock.fleet.dlock_runner role"):
+    with pytest.raises(Failure, match="group no-such-group does not exist on this node: apply the dlock.fleet.dlock_runner role"):
         node([JOB], group="no-such-group")
     assert on_disk(node) == {}
     assert node([JOB], group="no-such-group", check=True)["jobs"]["report"]["files"] == paths(node, "report")
