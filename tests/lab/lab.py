@@ -118,9 +118,11 @@ SSH_OPTIONS = [
 # One connection per node, shared by every command (ssh's ControlMaster, its
 # socket in the lab's state directory): a new login costs about 0.2 s of CPU
 # between the host and the node, a command on a shared one a tenth of that,
-# and the fault tests read every node's journal twice a second. Keepalives
-# end a master whose node is gone (crashed, partitioned) within 6 s; the
-# next command then connects afresh, bounded by ConnectTimeout.
+# and the fault tests read every node's journal every second. Keepalives end
+# the shared connection of a node gone silent (crashed, partitioned) after
+# about 8 s (the fourth unanswered one); a command waiting on it then falls
+# back to a login of its own, bounded by ConnectTimeout: a command to a lost
+# node fails within about 13 s (5 s without sharing).
 SHARED_CONNECTION = [
     "-o", "ControlMaster=auto", "-o", "ControlPersist=30s",
     "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
@@ -879,13 +881,17 @@ class Lab:
 
     # ----------------------------------------------------------------- access
 
-    def ssh_argv(self, node):
+    def ssh_argv(self, node, shared=True):
         """The ssh command line that logs into the node as root (append a
-        command), on the node's shared connection while the lab is up."""
-        shared = []
-        if os.path.isdir(self.state_dir):
-            shared = [*SHARED_CONNECTION, "-o", f"ControlPath={self.state_dir}/ssh-%C"]
-        return ["ssh", "-i", self.key, *SSH_OPTIONS, *shared, f"root@{self.addr(node)}"]
+        command); with SHARED, on the node's shared connection while the lab
+        is up. The shared connection makes the descriptors it is handed
+        non-blocking and leaves them so: a caller gives it descriptors of
+        its own (lab.ssh: pipes, or a /dev/null of its own), never one it
+        shares with other programs (a terminal, its own stdin)."""
+        options = []
+        if shared and os.path.isdir(self.state_dir):
+            options = [*SHARED_CONNECTION, "-o", f"ControlPath={self.state_dir}/ssh-%C"]
+        return ["ssh", "-i", self.key, *SSH_OPTIONS, *options, f"root@{self.addr(node)}"]
 
     def _close_shared_connections(self):
         """End the ssh masters whose sockets are in the state directory (the
@@ -894,7 +900,7 @@ class Lab:
         mark = self.state_dir + "/"
         for pid, argv in processes():
             # A master's title is "ssh: SOCKET [mux]" once it went to the background.
-            if os.path.basename(argv[0].split()[0]).rstrip(":") == "ssh" and any(mark in arg for arg in argv):
+            if os.path.basename((argv[0].split() or [""])[0]).rstrip(":") == "ssh" and any(mark in arg for arg in argv):
                 try:
                     os.kill(pid, signal.SIGTERM)
                 except ProcessLookupError:
@@ -909,8 +915,11 @@ class Lab:
         """
         if not isinstance(command, str):
             command = shlex.join(command)
-        r = subprocess.run(self.ssh_argv(node) + [command], input=input, capture_output=True,
-                           text=True, timeout=timeout, check=False)
+        # No input: a /dev/null of the command's own, not this process's stdin
+        # (ssh_argv says why).
+        stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
+        r = subprocess.run(self.ssh_argv(node) + [command], capture_output=True, text=True, timeout=timeout,
+                           check=False, **stdin)
         if check and r.returncode != 0:
             raise LabError(f"{node}: {command!r} exited {r.returncode}: {r.stderr.strip()}")
         return r
@@ -1113,7 +1122,7 @@ def main(argv=None):
         elif args.command == "ssh":
             cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
             tty = ["-t"] if not cmd and sys.stdin.isatty() else []
-            argv = lab.ssh_argv(args.node)
+            argv = lab.ssh_argv(args.node, shared=False)  # a terminal: see ssh_argv
             os.execvp("ssh", argv[:1] + tty + argv[1:] + cmd)  # ssh joins CMD for the remote shell
         elif args.command in ("pause", "resume"):
             pids = getattr(lab, args.command)(args.node, args.pattern)

@@ -210,12 +210,18 @@ def idempotence(lab, name, extra_vars=None):
 
 # What molecule's own ansible.cfg gives testinfra: a control path, so that
 # the verify set's commands share one ssh connection per host (testinfra
-# reads [ssh_connection] control_path; without it every command is a new
-# login, about 0.2 s of CPU between the host and the node).
+# reads [ssh_connection] control_path and [persistent_connection]
+# control_path_dir; ansible, should a check run it, the former's
+# control_path_dir). Without it every command is a new login, about 0.2 s of
+# CPU between the host and the node. Keepalives, which testinfra puts before
+# the inventory's ssh options: a check never waits on a connection to a node
+# gone silent for more than about 20 s.
 VERIFY_ANSIBLE_CFG = """[ssh_connection]
+ssh_args = -o ServerAliveInterval=5 -o ServerAliveCountMax=3
 control_path = %%(directory)s/%%%%C
+control_path_dir = %(sockets)s
 [persistent_connection]
-control_path_dir = %s
+control_path_dir = %(sockets)s
 """
 
 
@@ -228,7 +234,7 @@ def verify(lab, name):
     os.makedirs(sockets, mode=0o700, exist_ok=True)
     config = os.path.join(ephemeral, "ansible.cfg")
     with open(config, "w") as handle:
-        handle.write(VERIFY_ANSIBLE_CFG % sockets)
+        handle.write(VERIFY_ANSIBLE_CFG % {"sockets": sockets})
     env = dict(os.environ,
                ANSIBLE_CONFIG=config,
                MOLECULE_EPHEMERAL_DIRECTORY=ephemeral,

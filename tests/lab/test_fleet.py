@@ -207,7 +207,10 @@ def test_metrics_refresh_off_takes_its_units_and_last_state_away(lab, provisione
             assert "No such file" in gone.stderr and gone.stdout.strip() == "inactive", gone
             assert gone.stderr.count("No such file") == 3, gone.stderr
     finally:
-        ansible_playbook(lab, playbook, {})  # back on: the refresh writes the state again
+        # Back on, at the scenario's interval (the play's inventory has none of
+        # its group_vars): the refresh writes the state again.
+        interval = scenario.group_vars("redis")["dlock_nodes"]["dlock_metrics_refresh_interval"]
+        ansible_playbook(lab, playbook, {"dlock_metrics_refresh_interval": interval})
     for node in nodes:
         assert lab.ssh(node, "test -s %s" % LOCK_STATE).returncode == 0
 
