@@ -7,6 +7,7 @@ force_release, last run) is in test_backends.py, which runs on etcd too.
 """
 
 import re
+import socket
 import threading
 import time
 import urllib.request
@@ -281,3 +282,85 @@ def test_the_ca_file_given_is_the_one_verified_whatever_the_environment(monkeypa
             assert settings["verify"] == str(ca_file)
     finally:
         backend.close()
+
+
+class SlowProxy(object):
+    """A TCP proxy to one etcd member that holds each piece of the member's
+    answers `delay` seconds (None: never passes them on): a member that is
+    live but slow to answer (a loaded leader's fsync), or a frozen one."""
+
+    def __init__(self, target_port):
+        self.target_port = target_port
+        self.delay = 0.0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _address = self.listener.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pipe(self, source, sink, answers):
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                while answers and self.delay is None:
+                    time.sleep(0.05)  # frozen: the answer never comes while it lasts
+                if answers and self.delay:
+                    time.sleep(self.delay)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.delay = 0.0
+        self.listener.close()
+
+
+def test_a_slow_member_is_waited_on_and_a_frozen_one_left_for_another(etcd_server, unique_key):
+    """A URL of three members, each a proxy to the one etcd member: all three
+    reach one leader, as a follower forwards a write to its leader. op_timeout
+    2 s. Every answer 0.9 s late: an equal share of the 2 s for each of the
+    three (0.67 s) would time out on all three; the first member is waited on
+    for most of it, and each call succeeds. Then the member that answered
+    freezes while the others answer at once: a call waits on it for most of
+    the budget, then another member answers within op_timeout, and the next
+    call starts with that one."""
+    proxies = [SlowProxy(etcd_server.client_ports[0]) for _ in range(3)]
+    try:
+        backend = open_backend("etcd://%s/dlock" % ",".join("127.0.0.1:%d" % p.port for p in proxies), op_timeout=2.0)
+        for proxy in proxies:
+            proxy.delay = 0.9
+        started = time.monotonic()
+        assert backend.acquire(unique_key, "a", 30).granted
+        assert backend.renew(unique_key, "a", 30) is True
+        assert time.monotonic() - started < 4.0 + 1.0
+        for proxy in proxies:
+            proxy.delay = 0.0
+        proxies[0].delay = None  # it answered last: asked first
+        started = time.monotonic()
+        assert backend.renew(unique_key, "a", 30) is True
+        took = time.monotonic() - started
+        assert 1.4 < took < 2.0, took  # 0.75 of op_timeout on the frozen member, then another
+        started = time.monotonic()
+        assert backend.renew(unique_key, "a", 30) is True
+        assert time.monotonic() - started < 0.5  # the member that answered, not the frozen one
+        assert backend.release(unique_key, "a")
+        backend.close()
+    finally:
+        for proxy in proxies:
+            proxy.close()

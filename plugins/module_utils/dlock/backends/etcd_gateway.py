@@ -70,6 +70,11 @@ def first_kv(response):
     return KV(kvs[0]) if kvs else None
 
 
+# The part of what is left of op_timeout that the member which answered the
+# last call gets to answer this one (post() says why); the others share the rest.
+TRUSTED_SHARE = 0.75
+
+
 class Unavailable(Exception):
     """This member did not answer (or cannot serve): try the next one."""
 
@@ -91,6 +96,12 @@ class EtcdGateway(object):
         self._clients = None
         self._current = 0  # the member that answered last is asked first
         self._answered = False  # whether _current has answered yet
+        # Whether post() waits on _current longest: until a call found no
+        # member answering, and again once one has. The first member of the URL
+        # too, before any call: a member that refuses or cannot be reached
+        # costs nothing more, and a slow cluster is then waited on from the
+        # first call of a process (a runner makes few).
+        self._trusted = True
         self._member_ids = {}  # endpoint index -> the member id its answers' headers carry
         self._member_names = {}  # member id -> name, from the member list (describe(cluster=True))
         self._token = None
@@ -118,35 +129,46 @@ class EtcdGateway(object):
         op_timeout for all the members tried. Returns the response (JSON
         read unless `stream`). An unreachable member, or one that cannot
         serve (503: no leader, partitioned), is not an outage while another
-        answers. Each try gets an equal share of what is left, so one member
-        that accepts connections but never answers (a frozen process) cannot
-        use up the whole budget."""
+        answers.
+
+        Each try connects within an equal share of what is left, so a member
+        that is down or cut off costs no more than its share to connect to.
+        The member that answered the last call then waits for its answer for
+        most of what is left (TRUSTED_SHARE): every write goes through the
+        leader whichever member is asked, so a slow but live cluster (a
+        loaded leader's fsync) is better waited on than left for another
+        member, which would forward to the same leader. When that member took
+        that time and did not answer (a frozen process, or one cut off
+        behind a connection still open) and no other did, the next call
+        shares equally, each member's answer waited on for its share."""
         deadline = time.monotonic() + self.op_timeout
         tried = self._ordered()
+        trusted, self._trusted = self._trusted, False  # until a member answers this call
         errors = []
         for number, (index, client) in enumerate(tried):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             share = left / (len(tried) - number)
+            wait = max(share, left * TRUSTED_SHARE) if trusted and number == 0 else share
             try:
-                response = self._post_to(client, path, payload, share, stream, read_timeout)
+                response = self._post_to(client, path, payload, share, stream, read_timeout or wait)
             except Unavailable as exc:
                 errors.append("%s:%s: %s" % (client.host, client.port, exc))
                 continue
-            self._current, self._answered = index, True
+            self._current, self._answered, self._trusted = index, True, True
             if not stream and response.get("header", {}).get("member_id"):
                 self._member_ids[index] = response["header"]["member_id"]
             return response
         raise BackendError("etcd: no member answered within op_timeout (%.3gs): %s"
                            % (self.op_timeout, "; ".join(errors) or "no time left"))
 
-    def _post_to(self, client, path, payload, timeout, stream, read_timeout):
+    def _post_to(self, client, path, payload, connect_timeout, stream, read_timeout):
         for attempt in (1, 2):
-            headers = {"Authorization": self._login(client, timeout)} if self.password is not None else {}
+            headers = {"Authorization": self._login(client, connect_timeout)} if self.password is not None else {}
             try:
                 response = client.session.post(client.get_url(path), json=payload, headers=headers, stream=stream,
-                                               timeout=(timeout, read_timeout or timeout))
+                                               timeout=(connect_timeout, read_timeout))
             except requests.RequestException as exc:
                 raise Unavailable(exc.__class__.__name__ if isinstance(exc, requests.Timeout) else exc)
             if response.status_code == 200:
@@ -261,7 +283,7 @@ class EtcdGateway(object):
             try:
                 if share <= 0:
                     raise Unavailable("no time left")
-                status = self._post_to(client, "/maintenance/status", {}, share, False, None)
+                status = self._post_to(client, "/maintenance/status", {}, share, False, share)
             except Unavailable as exc:
                 seen.append(dict(self._member(index), error=str(exc)))
                 continue
