@@ -340,7 +340,7 @@ def test_a_slow_member_is_waited_on_and_a_frozen_one_left_for_another(etcd_serve
     freezes while the others answer at once: a call waits on it for most of
     the budget, then another member answers within op_timeout, and the next
     call starts with that one."""
-    proxies = [SlowProxy(etcd_server.client_ports[0]) for _ in range(3)]
+    proxies = [SlowProxy(etcd_server.client_ports[0]) for _member in range(3)]
     try:
         backend = open_backend("etcd://%s/dlock" % ",".join("127.0.0.1:%d" % p.port for p in proxies), op_timeout=2.0)
         for proxy in proxies:

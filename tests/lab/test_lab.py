@@ -99,7 +99,7 @@ def test_commands_to_a_node_share_one_connection(lab):
     assert lab.ssh(node, "true").returncode == 0
     first = masters()
     assert first
-    for _ in range(3):
+    for _command in range(3):
         assert lab.ssh(node, "true").returncode == 0
     assert lab.ssh(node, "cat", input="fed").stdout == "fed"
     assert masters() == first  # no new connection per command
