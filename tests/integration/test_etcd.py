@@ -331,7 +331,17 @@ class SlowProxy(object):
         self.listener.close()
 
 
-def test_a_slow_member_is_waited_on_and_a_frozen_one_left_for_another(etcd_server, unique_key):
+@pytest.fixture(params=["no auth", "auth"])
+def served(request):
+    """(the etcd member, the URL's user part, its password): without auth,
+    and with it, where a process's first call logs in first (a write
+    through the leader too)."""
+    if request.param == "auth":
+        return request.getfixturevalue("etcd_auth"), "dlock@", "Locker-Secret-1"
+    return request.getfixturevalue("etcd_server"), "", None
+
+
+def test_a_slow_member_is_waited_on_and_a_frozen_one_left_for_another(served, unique_key):
     """A URL of three members, each a proxy to the one etcd member: all three
     reach one leader, as a follower forwards a write to its leader. op_timeout
     2 s. Every answer 0.9 s late: an equal share of the 2 s for each of the
@@ -340,11 +350,13 @@ def test_a_slow_member_is_waited_on_and_a_frozen_one_left_for_another(etcd_serve
     freezes while the others answer at once: a call waits on it for most of
     the budget, then another member answers within op_timeout, and the next
     call starts with that one."""
-    proxies = [SlowProxy(etcd_server.client_ports[0]) for _member in range(3)]
+    server, user, password = served
+    proxies = [SlowProxy(server.client_ports[0]) for _member in range(3)]
     try:
-        backend = open_backend("etcd://%s/dlock" % ",".join("127.0.0.1:%d" % p.port for p in proxies), op_timeout=2.0)
         for proxy in proxies:
-            proxy.delay = 0.9
+            proxy.delay = 0.9  # from the first call on: the login's answer too
+        backend = open_backend("etcd://%s%s/dlock" % (user, ",".join("127.0.0.1:%d" % p.port for p in proxies)),
+                               password=password, op_timeout=2.0)
         started = time.monotonic()
         assert backend.acquire(unique_key, "a", 30).granted
         assert backend.renew(unique_key, "a", 30) is True

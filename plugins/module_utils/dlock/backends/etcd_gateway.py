@@ -152,7 +152,7 @@ class EtcdGateway(object):
             share = left / (len(tried) - number)
             wait = max(share, left * TRUSTED_SHARE) if trusted and number == 0 else share
             try:
-                response = self._post_to(client, path, payload, share, stream, read_timeout or wait)
+                response = self._post_to(client, path, payload, (share, wait), stream, read_timeout)
             except Unavailable as exc:
                 errors.append("%s:%s: %s" % (client.host, client.port, exc))
                 continue
@@ -163,12 +163,17 @@ class EtcdGateway(object):
         raise BackendError("etcd: no member answered within op_timeout (%.3gs): %s"
                            % (self.op_timeout, "; ".join(errors) or "no time left"))
 
-    def _post_to(self, client, path, payload, connect_timeout, stream, read_timeout):
+    def _post_to(self, client, path, payload, timeouts, stream, read_timeout=None):
+        """One member's answer: TIMEOUTS (connect, answer) bound the request
+        and the login before it (itself a write through the leader, and the
+        first call of a process makes it); a stream's reads wait READ_TIMEOUT
+        instead."""
+        connect_timeout, answer_timeout = timeouts
         for attempt in (1, 2):
-            headers = {"Authorization": self._login(client, connect_timeout)} if self.password is not None else {}
+            headers = {"Authorization": self._login(client, timeouts)} if self.password is not None else {}
             try:
                 response = client.session.post(client.get_url(path), json=payload, headers=headers, stream=stream,
-                                               timeout=(connect_timeout, read_timeout))
+                                               timeout=(connect_timeout, read_timeout or answer_timeout))
             except requests.RequestException as exc:
                 raise Unavailable(exc.__class__.__name__ if isinstance(exc, requests.Timeout) else exc)
             if response.status_code == 200:
@@ -192,13 +197,14 @@ class EtcdGateway(object):
             raise Unavailable(error)
         raise BackendError("etcd: %s" % error)
 
-    def _login(self, client, timeout):
-        """The auth token (gateway /v3/auth/authenticate), fetched once."""
+    def _login(self, client, timeouts):
+        """The auth token (gateway /v3/auth/authenticate), fetched once,
+        within TIMEOUTS (connect, answer)."""
         if self._token is None:
             try:
                 response = client.session.post(client.get_url("/auth/authenticate"),
                                                json={"name": self.user, "password": self.password},
-                                               timeout=(timeout, timeout))
+                                               timeout=timeouts)
             except requests.RequestException as exc:
                 raise Unavailable(exc)
             if response.status_code != 200:
@@ -283,7 +289,7 @@ class EtcdGateway(object):
             try:
                 if share <= 0:
                     raise Unavailable("no time left")
-                status = self._post_to(client, "/maintenance/status", {}, share, False, share)
+                status = self._post_to(client, "/maintenance/status", {}, (share, share), False)
             except Unavailable as exc:
                 seen.append(dict(self._member(index), error=str(exc)))
                 continue
