@@ -893,18 +893,24 @@ class Lab:
             options = [*SHARED_CONNECTION, "-o", f"ControlPath={self.state_dir}/ssh-%C"]
         return ["ssh", "-i", self.key, *SSH_OPTIONS, *options, f"root@{self.addr(node)}"]
 
-    def _close_shared_connections(self):
-        """End the ssh masters whose sockets are in the state directory (the
-        nodes' shared connections, and the verify sets' testinfra ones): a
-        master outlives its last command by its ControlPersist."""
+    def shared_connections(self):
+        """The pids of the ssh masters whose sockets are in the state
+        directory: the nodes' shared connections, and the verify sets'
+        testinfra ones."""
         mark = self.state_dir + "/"
-        for pid, argv in processes():
-            # A master's title is "ssh: SOCKET [mux]" once it went to the background.
-            if os.path.basename((argv[0].split() or [""])[0]).rstrip(":") == "ssh" and any(mark in arg for arg in argv):
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+        # A master's title is "ssh: SOCKET [mux]" once it went to the background.
+        return {pid for pid, argv in processes()
+                if os.path.basename((argv[0].split() or [""])[0]).rstrip(":") == "ssh"
+                and any(mark in arg for arg in argv)}
+
+    def _close_shared_connections(self):
+        """End the shared connections: a master outlives its last command by
+        its ControlPersist."""
+        for pid in self.shared_connections():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
     def ssh(self, node, command, timeout=120, check=False, input=None):
         """Run a command (a shell string, or an argv list) on the node over SSH.

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from lab import FAULT_DROPIN, Lab, LabError, processes
+from lab import FAULT_DROPIN, Lab, LabError
 
 pytestmark = pytest.mark.lab
 
@@ -92,17 +92,13 @@ def test_baked_packages_install_offline(lab):
 
 def test_commands_to_a_node_share_one_connection(lab):
     node = lab.group("dlock_nodes")[0]
-
-    def masters():  # the shared connections' processes, by the title lab.down looks for
-        return {pid for pid, argv in processes() if argv[0].startswith("ssh: %s/ssh-" % lab.state_dir)}
-
     assert lab.ssh(node, "true").returncode == 0
-    first = masters()
+    first = lab.shared_connections()
     assert first
     for _command in range(3):
         assert lab.ssh(node, "true").returncode == 0
     assert lab.ssh(node, "cat", input="fed").stdout == "fed"
-    assert masters() == first  # no new connection per command
+    assert lab.shared_connections() == first  # no new connection per command
 
 
 def nonblocking_stdin():
@@ -189,17 +185,20 @@ def test_down_removes_everything(lab, tmp_path, monkeypatch):
     """A second, small lab goes away completely on `down`, even with a delay
     helper running and an orphaned container (its nspawn killed alone), and the
     session's lab is not touched. Each node's CPU time is counted for the
-    suite's budget table as it goes."""
+    suite's budget table as it goes; the shared ssh connections end with it."""
     other = Lab(prefix="dlkd", subnet="10.77.2")
     other.down()  # no-op on nothing
     counted = tmp_path / "count.jsonl"
     monkeypatch.setenv("DLOCK_SUITE_COUNT", str(counted))
     try:
         assert other.up(nodes=1, backend=True) == ["dlkd-backend", "dlkd-n1"]
+        assert other.ssh("n1", "true").returncode == 0
+        assert other.shared_connections()  # which down must end
         other.delay("n1", 10)
         os.kill(other.pid("backend"), signal.SIGKILL)
     finally:
         other.down()
+    assert other.shared_connections() == set()  # (a zombie left for init to reap runs nothing)
     records = [json.loads(line) for line in counted.read_text().splitlines()]
     cpu = dict((r["node"], r["seconds"]) for r in records if r["event"] == "node_cpu")
     assert sorted(cpu) == ["dlkd-backend", "dlkd-n1"] and all(seconds > 0 for seconds in cpu.values()), records
