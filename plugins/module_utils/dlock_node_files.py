@@ -123,6 +123,8 @@ class WriteFile(object):
         return _diff(self.path, _attributes(*_have(info)), _attributes(*_want(info, self.uid, self.gid, self.mode)))
 
     def apply(self):
+        if self.current is None:
+            _make_parents(os.path.dirname(self.path))
         if self.text_differs:
             replace_file(self.path, self.content, self.mode, durable=True,
                          owner=(self.uid, -1 if self.gid is None else self.gid))
@@ -159,7 +161,7 @@ class MakeDirectory(object):
 
 
 def _make_parents(path):
-    """The missing directories above a new one, root's and 0755 whatever the
+    """The missing directories above a new file or directory, root's and 0755 whatever the
     umask (as `mkdir -p` would leave them under umask 022): a root umask of
     027 would otherwise close them to the job users and node_exporter, and
     one of 0 would leave them writable by all."""

@@ -36,7 +36,8 @@ options:
         it (the run that creates the group would also set it).
       - V(absent) removes a file, link, FIFO or socket; a directory there fails the module.
       - A path named twice counts once when both entries say the same; differently, it fails the module.
-      - Missing directories above a new directory are made, C(root)'s and V("0755") whatever the umask.
+      - Missing directories above a new file or directory are made, C(root)'s and V("0755") whatever the umask; an
+        existing directory is left as it is.
     type: raw
     required: true
 attributes:

@@ -20,6 +20,8 @@ description:
     directory renamed over the old one (a reader sees the old file or the new one). Job files are
     C(root:)O(group) C(0640), units C(root:root) C(0644). A present job's path that holds anything but a regular
     file (a FIFO, a link, a directory) fails the module, naming it; a removed job's is removed whatever it is, but for a directory, which fails the module.
+  - Fails, naming it, when O(runner_bin) is not there, except in check mode. Every unit runs it, and the
+    C(dlock.fleet.dlock_runner) role installs it.
   - Reloads systemd once when a unit file was written or removed (where systemd runs).
   - With O(timers=started), enables and starts the timers of the present jobs that are not enabled and active
     (their states read in one C(systemctl show), the timers started in one C(systemctl enable --now)).
@@ -70,7 +72,7 @@ options:
     default: true
   runner_bin:
     description:
-      - The runner's path, which each service unit runs.
+      - The runner's path, which each service unit runs. It must exist, except in check mode.
     type: raw
     default: /usr/local/bin/dlock
   jobs_dir:
@@ -179,15 +181,14 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dlock.fleet.plugins.module_utils import dlock_job_files as job_files
 from ansible_collections.dlock.fleet.plugins.module_utils import dlock_node_files as node_files
+from ansible_collections.dlock.fleet.plugins.module_utils import dlock_units as units
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import validate_jobs
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Failure, failure_message
 
-SYSTEMD_RUNNING = "/run/systemd/system"  # sd_booted(3): systemd is PID 1
 JOB_FILE_MODE = 0o640  # the job's environment may hold secrets: the runners' group only
 UNIT_MODE = 0o644
-TIMER_PROPERTIES = "--property=Id,LoadState,ActiveState,UnitFileState"
 
 
 class JobUnits(object):
@@ -195,7 +196,7 @@ class JobUnits(object):
     stderr), as AnsibleModule.run_command does; `systemd_dir` tells whether
     systemd runs (a test points it elsewhere)."""
 
-    def __init__(self, params, check, diff, run_command, systemd_dir=SYSTEMD_RUNNING):
+    def __init__(self, params, check, diff, run_command, systemd_dir=units.SYSTEMD_RUNNING):
         self.params = params
         self.check = check
         self.diff = diff
@@ -244,20 +245,11 @@ class JobUnits(object):
 
     # -- the timers --------------------------------------------------------------
     def _systemctl(self, *args):
-        rc, out, err = self.run_command(["systemctl"] + list(args))
-        if rc != 0:
-            raise Failure("systemctl %s failed (rc %d): %s" % (" ".join(args), rc, (err or out).strip()))
-        return out
+        return units.systemctl(self.run_command, *args)
 
     def _timer_states(self, timers):
         """{timer: {LoadState, ActiveState, UnitFileState}} of these timers, in one systemctl show."""
-        out = self._systemctl("show", TIMER_PROPERTIES, "--", *timers)
-        states = {}
-        for block in out.strip().split("\n\n"):
-            values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-            if "Id" in values:
-                states[values["Id"]] = values
-        return states
+        return units.unit_states(self.run_command, timers)
 
     def _stop_timers(self, names):
         """Stop the timers of removed jobs that still run, and disable those still enabled."""
@@ -358,6 +350,10 @@ class JobUnits(object):
             params["managed"], params["runner_bin"], params["jobs_dir"], params["group"], params["user"],
             params["hardening"], params["randomized_delay"], params["accuracy"], params["persistent"],
             params["password_path"], params["metrics_dir"])
+        # Every unit runs the command the runner role installs; in check mode
+        # that role may only have said it would.
+        if not self.check and not os.path.isfile(settings.runner_bin):
+            raise Failure("%s is missing: apply the dlock.fleet.dlock_runner role first" % settings.runner_bin)
         self.jobs = dict((job["name"], {"changed": False, "files": [], "timer": "unchanged"}) for job in jobs)
         present = [job["name"] for job in jobs if job["state"] == "present"]
         if params["write"]:

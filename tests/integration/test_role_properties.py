@@ -71,6 +71,7 @@ TEXT_VALIDATORS = {
     "lock_key": lambda v: validate.lock_key(v, "f"),
     "env_name": lambda v: validate.env_name(v, "f"),
     "unix_name": lambda v: validate.unix_name(v, "f"),
+    "unit_name": lambda v: validate.unit_name(v, "f"),
     "path": lambda v: validate.path(v, "f"),
     "address": lambda v: validate.address(v, "f"),
     "network": lambda v: validate.network(v, "f"),

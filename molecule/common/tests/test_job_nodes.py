@@ -7,6 +7,7 @@ test_every_host.py says)."""
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import urllib.request
@@ -135,3 +136,31 @@ def test_password_is_in_use(host):
     wrong = host.run("dlock check-clock --password-file /run/dlock-wrong-password")
     host.run("rm -f /run/dlock-wrong-password")
     assert wrong.rc == 75 and "authentication failed" in wrong.stderr, wrong.stderr
+
+
+# Each engine module's compiled file, fresh for its source (the header's
+# source mtime, as Python checks it) and readable by the job users, who cannot
+# write it themselves: the role compiles only when it wrote the engine or a
+# module has none, so a stale or missing one would go unnoticed by the
+# idempotence run.
+COMPILED = """import glob, importlib.util, os, sys
+bad = []
+for source in sorted(glob.glob(sys.argv[1] + "/**/*.py", recursive=True)):
+    compiled = importlib.util.cache_from_source(source)
+    try:
+        with open(compiled, "rb") as handle:
+            header = handle.read(16)
+        readable = os.stat(compiled).st_mode & 0o444 == 0o444
+    except OSError:
+        header, readable = b"", False
+    if not readable or int.from_bytes(header[8:12], "little") != int(os.stat(source).st_mtime) & 0xFFFFFFFF:
+        bad.append(source)
+print(len(glob.glob(sys.argv[1] + "/**/*.py", recursive=True)), bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_the_engine_is_compiled_fresh_and_readable(host):
+    out = host.run("python3 -I -c %s /usr/local/lib/dlock/dlock" % shlex.quote(COMPILED))
+    assert out.rc == 0, out.stdout + out.stderr
+    assert int(out.stdout.split()[0]) >= 20, out.stdout  # the engine's modules were found

@@ -44,6 +44,10 @@ LOCK_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,199}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # POSIX user and group names as useradd and systemd accept them, or a numeric id.
 UNIX_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}|[0-9]{1,10}")
+# A systemd unit name (systemd.unit(5)): at most 255 characters of ASCII
+# letters, digits and : - _ . \\, an optional @instance, and its type suffix.
+UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\-]+(?:@[A-Za-z0-9:_.\\-]*)?\.(?:service|socket|timer|target|path|mount|"
+                       r"automount|swap|slice|scope|device)")
 HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 # Path characters: printable ASCII without white space, quotes, backslash or
 # the characters configuration formats treat specially (%, $, ;, #, `).
@@ -102,6 +106,12 @@ def lock_key(value, field="key"):
     return text(value, field, 200, LOCK_KEY,
                 "1-200 characters: letters, digits and _ . : @ -, starting with a letter or digit",
                 kind="lock key")
+
+
+def unit_name(value, field):
+    return text(value, field, 255, UNIT_NAME,
+                "a systemd unit's full name: letters, digits and : - _ . \\, an optional @instance, and its "
+                "type (.service, .timer, .socket, .target, ...)", kind="unit name")
 
 
 def env_name(value, field):

@@ -145,6 +145,19 @@ def test_a_directory_s_missing_parents_are_made_0755_whatever_the_umask(node):
     assert [stat.S_IMODE(os.stat(str(node.dir / p)).st_mode) for p in ("x", "x/y")] == [0o755, 0o755]
 
 
+def test_a_file_s_missing_parents_are_made_0755_and_an_existing_one_is_left_as_it_is(node):
+    os.mkdir(str(node.dir / "bin"), 0o700)
+    old = os.umask(0o077)
+    try:
+        node([{"path": "usr/local/bin/dlock", "content": "#!/bin/sh\n", "mode": "0755"},
+              {"path": "bin/dlock", "content": "#!/bin/sh\n", "mode": "0755"}])
+    finally:
+        os.umask(old)
+    assert [stat.S_IMODE(os.stat(str(node.dir / p)).st_mode) for p in ("usr", "usr/local", "usr/local/bin")] == \
+        [0o755, 0o755, 0o755]
+    assert stat.S_IMODE(os.stat(str(node.dir / "bin")).st_mode) == 0o700
+
+
 def test_a_path_named_twice_the_same_way_counts_once(node):
     twice = [{"path": "d", "state": "directory", "mode": "0750", "owner": USER, "group": GROUP}] * 2
     assert node(twice)["paths"] == [str(node.dir / "d")]

@@ -16,6 +16,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Failure
+from ansible_collections.dlock.fleet.plugins.module_utils import dlock_units as units
 from ansible_collections.dlock.fleet.plugins.modules import dlock_job_units as module
 
 GROUP = grp.getgrgid(os.getgid()).gr_name
@@ -42,7 +43,7 @@ class FakeSystemctl(object):
         if argv[1:4] == ["show", "--property=NeedDaemonReload", "--value"]:
             return 0, "".join("yes\n" if unit in self.stale else "no\n" for unit in argv[5:]), ""
         if argv[1] == "show":
-            assert argv[2] == module.TIMER_PROPERTIES and argv[3] == "--"
+            assert argv[2] == units.PROPERTIES and argv[3] == "--"
             blocks = []
             for timer in argv[4:]:
                 if timer in self.timers:
@@ -79,12 +80,14 @@ def node(tmp_path):
     (tmp_path / "jobs").mkdir()
     (tmp_path / "units").mkdir()
     (tmp_path / "run-systemd").mkdir()
+    (tmp_path / "dlock").write_text("#!/bin/sh\n")
     systemctl = FakeSystemctl()
 
     def call(jobs, check=False, diff=False, systemd=True, **params):
         values = dict((name, spec.get("default")) for name, spec in module.ARGUMENT_SPEC.items())
         values.update(jobs=jobs, jobs_dir=str(tmp_path / "jobs"), unit_dir=str(tmp_path / "units"), group=GROUP,
-                      password_path=str(tmp_path / "backend.password"), metrics_dir="")
+                      password_path=str(tmp_path / "backend.password"), metrics_dir="",
+                      runner_bin=str(tmp_path / "dlock"))
         values.update(params)
         systemd_dir = str(tmp_path / ("run-systemd" if systemd else "no-systemd"))
         return module.JobUnits(values, check, diff, systemctl, systemd_dir).run()
@@ -120,7 +123,7 @@ def test_every_file_is_written_once_then_left_alone(node):
     assert files[paths(node, "report")[0]][1:] == (0, gid, 0o640)
     assert files[paths(node, "report")[1]][1:] == (0, 0, 0o644)
     assert files[paths(node, "report")[2]][1:] == (0, 0, 0o644)
-    assert "ExecStart=/usr/local/bin/dlock run --job report\n" in files[paths(node, "report")[1]][0]
+    assert "ExecStart=%s run --job report\n" % (node.dir / "dlock") in files[paths(node, "report")[1]][0]
     assert node.systemctl.changes() == [["daemon-reload"]]
     second = node([JOB, OTHER])
     assert not second["changed"] and not second["daemon_reload"]
@@ -178,7 +181,7 @@ def test_a_removed_job_has_its_timer_stopped_then_its_files_removed(node):
     assert result["jobs"]["gone"] == {"changed": False, "files": [], "timer": "unchanged"}
     assert sorted(on_disk(node)) == sorted(paths(node, "other"))
     # One read of both timers, a stop and a disable of the one systemd knows, one reload.
-    assert node.systemctl.calls == [["show", module.TIMER_PROPERTIES, "--", "dlock-gone.timer", "dlock-report.timer"],
+    assert node.systemctl.calls == [["show", units.PROPERTIES, "--", "dlock-gone.timer", "dlock-report.timer"],
                                     ["stop", "--", "dlock-report.timer"], ["disable", "--", "dlock-report.timer"],
                                     ["daemon-reload"]]
     assert [d["after"] for d in result["diff"]] == ["", "", ""] and "[Timer]" in result["diff"][2]["before"]
@@ -267,6 +270,14 @@ def test_a_missing_group_fails_but_check_mode_reports_the_files_without_it(node)
     # The job file is compared without the group: only the unit naming the group differs.
     check = node([JOB], group="no-such-group", check=True)
     assert check["jobs"]["report"]["files"] == [paths(node, "report")[1]]
+
+
+def test_a_missing_runner_fails_before_anything_is_written_but_check_mode_reports(node):
+    (node.dir / "dlock").unlink()
+    with pytest.raises(Failure, match="dlock is missing: apply the dlock.fleet.dlock_runner role first"):
+        node([JOB], timers="started")
+    assert on_disk(node) == {} and node.systemctl.calls == []
+    assert node([JOB], check=True)["jobs"]["report"]["files"] == paths(node, "report")
 
 
 # The filter's hostile cases, through the module: refused with the field named, nothing written.
