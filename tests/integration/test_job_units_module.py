@@ -22,19 +22,23 @@ pytestmark = pytest.mark.skipif(os.path.isdir("/run/systemd/system"), reason="wo
 def arguments(tmp_path, **changed):
     args = {"jobs": JOBS, "jobs_dir": str(tmp_path / "jobs"), "unit_dir": str(tmp_path / "units"),
             "group": grp.getgrgid(os.getgid()).gr_name, "password_path": str(tmp_path / "backend.password"),
-            "runner_bin": "/usr/local/bin/dlock"}
+            "runner_bin": str(tmp_path / "bin" / "dlock")}
     args.update(changed)
     return args
 
 
 def files(tmp_path):
-    return sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*") if path.is_file())
+    """The files the module wrote (not the runner the fixture put there)."""
+    return sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")
+                  if path.is_file() and path.parent.name != "bin")
 
 
 @pytest.fixture
 def node(tmp_path):
     (tmp_path / "jobs").mkdir()
     (tmp_path / "units").mkdir()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "dlock").write_text("#!/bin/sh\n")  # what the runner role installs
     return tmp_path
 
 
