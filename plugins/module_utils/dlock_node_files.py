@@ -104,15 +104,18 @@ def _set_attributes(path, uid, gid, mode):
 class WriteFile(object):
     """A regular file to write (its text differs, or it is missing) or whose
     owner, group or mode only are to be set. gid None: the group does not
-    exist yet (check mode), so the file's own is kept in the comparison."""
+    exist yet (check mode), so the file's own is kept in the comparison.
+    make_parents: a new file's missing directories are made (else its
+    directory must exist)."""
 
-    def __init__(self, path, content, uid, gid, mode, current):
+    def __init__(self, path, content, uid, gid, mode, current, make_parents=False):
         self.path = path
         self.content = content
         self.uid = uid
         self.gid = gid
         self.mode = mode
         self.current = current  # (bytes, stat) or None
+        self.make_parents = make_parents
         self.text_differs = current is None or current[0] != content.encode("utf-8")
 
     def diff(self):
@@ -123,7 +126,7 @@ class WriteFile(object):
         return _diff(self.path, _attributes(*_have(info)), _attributes(*_want(info, self.uid, self.gid, self.mode)))
 
     def apply(self):
-        if self.current is None:
+        if self.current is None and self.make_parents:
             _make_parents(os.path.dirname(self.path))
         if self.text_differs:
             replace_file(self.path, self.content, self.mode, durable=True,
@@ -195,11 +198,11 @@ def _diff(path, before, after):
             "before": before or "", "after": after or ""}
 
 
-def plan_file(path, content, uid, gid, mode):
+def plan_file(path, content, uid, gid, mode, make_parents=False):
     """None when the regular file at `path` holds `content` with this owner,
     group and mode; else the WriteFile that makes it so."""
     current = read_current(path)
-    change = WriteFile(path, content, uid, gid, mode, current)
+    change = WriteFile(path, content, uid, gid, mode, current, make_parents)
     if change.text_differs:
         return change
     return None if _have(current[1]) == _want(current[1], uid, gid, mode) else change

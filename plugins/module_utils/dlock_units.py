@@ -14,9 +14,12 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import F
 SYSTEMD_RUNNING = "/run/systemd/system"  # sd_booted(3): systemd is PID 1
 PROPERTIES = "--property=Id,LoadState,ActiveState,UnitFileState"
 
-# UnitFileState values (systemctl(1), is-enabled). Enabled: what `enable` makes.
-ENABLED = ("enabled", "enabled-runtime")
-DISABLED = ("disabled",)
+# UnitFileState values (systemctl(1), is-enabled). `systemctl enable` makes
+# a disabled unit, or one enabled until the next boot only (enabled-runtime),
+# enabled; `systemctl disable` makes an enabled one disabled, and leaves a
+# runtime enablement (links in /run, gone at the next boot) as it is.
+ENABLE_FROM = ("disabled", "enabled-runtime")
+DISABLE_FROM = ("enabled",)
 MASKED = ("masked", "masked-runtime")
 # The others (static, indirect, generated, transient, alias, linked, or none
 # at all) are not switched by `systemctl enable` or `disable`: such a unit is
@@ -39,29 +42,29 @@ def systemctl(run_command, *args):
 
 def unit_states(run_command, units):
     """{unit: {Id, LoadState, ActiveState, UnitFileState}} of these units, in
-    one systemctl show; a unit systemd does not know has LoadState not-found."""
+    one systemctl show; a unit systemd does not know has LoadState not-found.
+    Keyed by the names asked for: systemctl answers one block an argument, in
+    their order, and an alias's block has the real unit's Id."""
     if not units:
         return {}
     out = systemctl(run_command, "show", PROPERTIES, "--", *units)
-    states = {}
-    for block in out.strip().split("\n\n"):
-        values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if "Id" in values:
-            states[values["Id"]] = values
-    return states
+    blocks = [dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+              for block in out.strip().split("\n\n")]
+    if len(blocks) != len(units):
+        raise Failure("systemctl show answered %d blocks for %d units: %s" % (len(blocks), len(units), " ".join(units)))
+    return dict(zip(units, blocks))
 
 
-def needs(state, enabled=None, active=None):
-    """(enable, disable, start, stop): what a unit in `state` (a unit_states
-    entry) needs done for `enabled` (True, False or None: left) and `active`
+def needs(name, state, enabled=None, active=None):
+    """(enable, disable, start, stop): what unit `name` in `state` (its
+    unit_states entry) needs done for `enabled` (True, False or None: left) and `active`
     ("started", "stopped" or None: left). A masked unit asked to be enabled
     or started is refused: unmasking is the operator's decision."""
     file_state = state.get("UnitFileState", "")
     active_state = state.get("ActiveState", "inactive")
     if file_state in MASKED and (enabled or active == "started"):
-        raise Failure("%s is masked: unmask it (systemctl unmask %s) to let the role start it"
-                      % (state["Id"], state["Id"]))
-    return (enabled is True and file_state in DISABLED,
-            enabled is False and file_state in ENABLED,
+        raise Failure("%s is masked: unmask it (systemctl unmask %s) to let the role start it" % (name, name))
+    return (enabled is True and file_state in ENABLE_FROM,
+            enabled is False and file_state in DISABLE_FROM,
             active == "started" and active_state not in STARTED,
             active == "stopped" and active_state not in STOPPED)

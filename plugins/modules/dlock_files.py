@@ -29,7 +29,8 @@ options:
     description:
       - The paths to make, in order (a directory before the files in it).
       - Each is a mapping with C(path) (absolute, normalised); C(state) - V(file) (the default), V(directory) or
-        V(absent); for a file C(content), its text (at most 1 MiB, no NUL); for a file or directory C(mode), in octal
+        V(absent); for a file C(content), its text (at most 1 MiB, no NUL), and C(diff), V(false) to leave its text
+        out of the diff (a change is still named in RV(paths)); for a file or directory C(mode), in octal
         as a quoted string (V("0644"); a directory may have the setgid bit, V("2775")), and C(owner) and C(group),
         names or ids (default V(root)).
       - The owner must exist. The group too, except in check mode, where a file or directory is then compared without
@@ -87,7 +88,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import Co
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import Failure, failure_message
 
 STATES = ("file", "directory", "absent")
-KEYS = {"file": ("path", "state", "content", "owner", "group", "mode"),
+KEYS = {"file": ("path", "state", "content", "owner", "group", "mode", "diff"),
         "directory": ("path", "state", "owner", "group", "mode"),
         "absent": ("path", "state")}
 MAX_FILES = 256
@@ -116,6 +117,7 @@ def parse_entry(entry, field):
         if "content" not in entry:
             raise ConfigError("%s: content is required for state file" % field)
         parsed["content"] = validate.file_text(entry["content"], field + ".content")
+        parsed["diff"] = validate.boolean(entry.get("diff", True), field + ".diff")
     return parsed
 
 
@@ -136,7 +138,7 @@ def parse_files(files):
 
 
 def plan(entries, check, diff):
-    """The changes the entries need, in order; reads only."""
+    """(change, shown in the diff) of each entry that needs one, in order; reads only."""
     changes = []
     for entry in entries:
         if entry["state"] == "absent":
@@ -146,20 +148,21 @@ def plan(entries, check, diff):
             if entry["state"] == "directory":
                 change = node_files.plan_directory(entry["path"], uid, gid, entry["mode"])
             else:
-                change = node_files.plan_file(entry["path"], entry["content"], uid, gid, entry["mode"])
+                change = node_files.plan_file(entry["path"], entry["content"], uid, gid, entry["mode"],
+                                              make_parents=True)
         if change is not None:
-            changes.append(change)
+            changes.append((change, entry.get("diff", True)))
     return changes
 
 
 def run(params, check, diff):
     changes = plan(parse_files(params["files"]), check, diff)
     if not check:
-        for change in changes:
-            change.apply()
-    result = {"changed": bool(changes), "paths": [change.path for change in changes]}
+        for pair in changes:
+            pair[0].apply()
+    result = {"changed": bool(changes), "paths": [pair[0].path for pair in changes]}
     if diff:
-        result["diff"] = [change.diff() for change in changes]
+        result["diff"] = [change.diff() for change, shown in changes if shown]
     return result
 
 

@@ -15,11 +15,13 @@ description:
     and each such run costs the node about twice a light module's CPU).
   - Reads every unit's state in one C(systemctl show), then makes the changes in at most four C(systemctl) calls, in
     this order - C(enable), C(disable), C(start), C(stop) - each for all the units that need it.
-  - A unit is enabled when its unit file state is C(enabled) or C(enabled-runtime), disabled when it is C(disabled).
-    A unit whose state is neither (C(static), C(indirect), C(generated), C(alias) and the like) cannot be switched by
-    C(systemctl enable) or C(disable) and is left as it is.
-  - A unit counts as started while C(active), C(activating) or C(reloading), as stopped while C(inactive), C(failed)
-    or C(deactivating).
+  - To enable a unit is to make its unit file state C(enabled) (from C(disabled), or from C(enabled-runtime), an
+    enablement lost at the next boot); to disable it, C(disabled) (from C(enabled); a runtime enablement is left, as
+    C(systemctl disable) leaves it). A unit in another state (C(static), C(indirect), C(generated), C(alias) and the
+    like) cannot be switched by C(systemctl enable) or C(disable) and is left as it is.
+  - A unit counts as started while C(active), C(activating), C(reloading) or C(refreshing), as stopped while
+    C(inactive), C(failed), C(deactivating) or C(maintenance).
+  - Each unit is known by the name given (an alias too).
   - A masked unit asked to be enabled or started fails the module, naming it; unmasking is the operator's decision.
   - Does not reload systemd; the roles reload it (a handler) after writing a unit file and before this runs.
   - Systemd runs when C(/run/systemd/system) exists; elsewhere (a container, a chroot) the module fails, naming the
@@ -126,13 +128,13 @@ def run(params, check, diff, run_command, systemd_dir=units.SYSTEMD_RUNNING):
     todo = {"enable": [], "disable": [], "start": [], "stop": []}
     report = {}
     for name in sorted(wanted):
-        entry, state = wanted[name], states.get(name, {"Id": name, "LoadState": "not-found"})
+        entry, state = wanted[name], states[name]
         if state.get("LoadState") == "not-found":
             if not entry["if_installed"]:
                 raise Failure("%s is not installed: systemd does not know it" % name)
             report[name] = {"changed": False, "absent": True}
             continue
-        actions = units.needs(state, entry["enabled"], entry["state"])
+        actions = units.needs(name, state, entry["enabled"], entry["state"])
         for verb, needed in zip(("enable", "disable", "start", "stop"), actions):
             if needed:
                 todo[verb].append(name)

@@ -229,9 +229,9 @@ def metrics(args, flags):
             rows, failure = None, exc
         finally:
             backend.close()
-    periods = dict((job, lockstate.schedule_period(args.unit_dir, job)) for job, _key in jobs)
+    periods = lockstate.schedule_periods(args.unit_dir, [job for job, _key in jobs])
     text = report.render_families(lockstate.families(
-        rows, dict((job, p) for job, p in periods.items() if p), clock_check, time.time(), info,
+        rows, periods, clock_check, time.time(), info,
         invalid_jobs=[name for name, _why in invalid]))
     if output == "-":
         sys.stdout.write(text)

@@ -48,24 +48,53 @@ METRICS = (
 _ELAPSE = re.compile(r"^\s*(?:Next elapse|Iter\. #2): \w+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC$", re.M)
 
 
-def schedule_period(unit_dir, job):
-    """Seconds between the next two elapses of dlock-JOB.timer's single
-    OnCalendar, from systemd-analyze; None when that cannot be told."""
+def _calendar(unit_dir, job):
+    """The single OnCalendar of dlock-JOB.timer, or None."""
     try:
         with open(os.path.join(unit_dir, "dlock-%s.timer" % job)) as handle:
             calendar = [line.split("=", 1)[1].strip() for line in handle if line.startswith("OnCalendar=")]
     except (IOError, OSError):
         return None
-    if len(calendar) != 1:
-        return None
+    return calendar[0] if len(calendar) == 1 else None
+
+
+def _analyze(calendars):
+    """[seconds or None] between the next two elapses of each calendar, from
+    one systemd-analyze run for all of them; None for all when it cannot
+    tell which answer is whose (an expression it refused prints nothing)."""
     try:
-        out = subprocess.run(["systemd-analyze", "calendar", "--iterations=2", "--", calendar[0]],
+        out = subprocess.run(["systemd-analyze", "calendar", "--iterations=2", "--"] + list(calendars),
                              capture_output=True, text=True, timeout=10, check=False,
                              env=dict(os.environ, TZ="UTC", LC_ALL="C")).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    times = [datetime.datetime.strptime(t, "%Y-%m-%d %H:%M:%S") for t in _ELAPSE.findall(out)]
-    return (times[1] - times[0]).total_seconds() if len(times) == 2 else None
+        return [None] * len(calendars)
+    blocks = [block for block in out.split("\n\n") if block.strip()]
+    if len(blocks) != len(calendars):
+        return [None] * len(calendars)
+    periods = []
+    for block in blocks:
+        times = [datetime.datetime.strptime(t, "%Y-%m-%d %H:%M:%S") for t in _ELAPSE.findall(block)]
+        periods.append((times[1] - times[0]).total_seconds() if len(times) == 2 else None)
+    return periods
+
+
+def schedule_periods(unit_dir, jobs):
+    """{job: seconds between the next two elapses of dlock-JOB.timer's single
+    OnCalendar}, for the jobs where that can be told. One systemd-analyze run
+    for all the distinct calendars, as a refresh runs every 30 s by default
+    and a node may have hundreds of jobs (a run a job cost a node with 50
+    jobs most of its idle CPU); should it refuse one of them, each is asked
+    on its own."""
+    calendars = dict((job, _calendar(unit_dir, job)) for job in jobs)
+    distinct = sorted(set(calendar for calendar in calendars.values() if calendar))
+    if not distinct:
+        return {}
+    periods = _analyze(distinct)
+    if all(period is None for period in periods) and len(distinct) > 1:
+        periods = [_analyze([calendar])[0] for calendar in distinct]
+    by_calendar = dict(zip(distinct, periods))
+    return dict((job, by_calendar[calendar]) for job, calendar in calendars.items()
+                if calendar and by_calendar[calendar] is not None)
 
 
 def _backend_samples(samples, info):

@@ -158,6 +158,16 @@ def test_a_file_s_missing_parents_are_made_0755_and_an_existing_one_is_left_as_i
     assert stat.S_IMODE(os.stat(str(node.dir / "bin")).st_mode) == 0o700
 
 
+def test_a_file_with_diff_false_is_named_in_paths_but_its_text_stays_out_of_the_diff(node):
+    entries = [{"path": "engine.py", "content": "secretless but long\n", "mode": "0644", "diff": False},
+               {"path": "dlock", "content": "#!/bin/sh\n", "mode": "0755"}]
+    result = node(entries, diff=True)
+    assert result["paths"] == [str(node.dir / "engine.py"), str(node.dir / "dlock")]
+    assert [change["after"] for change in result["diff"]] == ["#!/bin/sh\n"]
+    with pytest.raises(ConfigError, match=r"files\[0\]\.diff"):
+        node([dict(entries[0], diff="no")])
+
+
 def test_a_path_named_twice_the_same_way_counts_once(node):
     twice = [{"path": "d", "state": "directory", "mode": "0750", "owner": USER, "group": GROUP}] * 2
     assert node(twice)["paths"] == [str(node.dir / "d")]

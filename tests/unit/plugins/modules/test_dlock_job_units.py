@@ -280,6 +280,14 @@ def test_a_missing_runner_fails_before_anything_is_written_but_check_mode_report
     assert node([JOB], check=True)["jobs"]["report"]["files"] == paths(node, "report")
 
 
+def test_a_missing_jobs_directory_fails_and_is_not_made(node):
+    # The runner reads its own jobs_dir: a directory made here, under another
+    # name than the runner's, would hold jobs no run ever finds.
+    with pytest.raises(OSError):
+        node([JOB], jobs_dir=str(node.dir / "elsewhere" / "jobs"))
+    assert not (node.dir / "elsewhere").exists()
+
+
 # The filter's hostile cases, through the module: refused with the field named, nothing written.
 HOSTILE = [
     ([dict(JOB, name="report\nExecStartPre=/bin/id")], "dlock_jobs_list[0]: name"),

@@ -29,6 +29,7 @@ class FakeSystemctl(object):
         self.table = dict((name, list(state)) for name, state in (table or {}).items())
         self.calls = []
         self.fail = fail
+        self.aliases = {}  # alias: the real unit, whose Id `show` reports
 
     def __call__(self, argv):
         assert argv[0] == "systemctl"
@@ -41,10 +42,11 @@ class FakeSystemctl(object):
             return 0, "\n".join(self._show(name) for name in argv[4:]), ""
         assert argv[2] == "--"
         for name in argv[3:]:
-            state = self.table[name]
-            if verb == "enable" and state[0] == "disabled":
+            state = self.table[self.aliases.get(name, name)]
+            # As systemctl does: disable leaves a runtime enablement (links in /run) in place.
+            if verb == "enable" and state[0] in ("disabled", "enabled-runtime"):
                 state[0] = "enabled"
-            elif verb == "disable" and state[0] in ("enabled", "enabled-runtime"):
+            elif verb == "disable" and state[0] == "enabled":
                 state[0] = "disabled"
             elif verb == "start":
                 assert state[0] not in ("masked",)
@@ -54,6 +56,7 @@ class FakeSystemctl(object):
         return 0, "", ""
 
     def _show(self, name):
+        name = self.aliases.get(name, name)
         if name not in self.table:
             return "Id=%s\nLoadState=not-found\nActiveState=inactive\nUnitFileState=\n" % name
         file_state, active = self.table[name]
@@ -104,6 +107,21 @@ def test_a_unit_without_an_enable_switch_is_left_as_it_is():
     systemctl = FakeSystemctl({"s.service": ("static", "active"), "i.service": ("indirect", "inactive")})
     result = call(systemctl, [dict(name="s.service", enabled=True), dict(name="i.service", enabled=False)])
     assert not result["changed"] and systemctl.changes() == []
+
+
+def test_an_alias_is_known_by_the_name_given():
+    systemctl = FakeSystemctl({"redis-server.service": ("disabled", "inactive")})
+    systemctl.aliases = {"redis.service": "redis-server.service"}
+    result = call(systemctl, [dict(name="redis.service", enabled=True, state="started")])
+    assert result["units"]["redis.service"]["changed"]
+    assert systemctl.changes() == [["enable", "--", "redis.service"], ["start", "--", "redis.service"]]
+
+
+def test_a_runtime_enablement_is_made_lasting_and_left_by_disable():
+    systemctl = FakeSystemctl({"r.service": ("enabled-runtime", "active"), "s.service": ("enabled-runtime", "active")})
+    assert call(systemctl, [dict(name="r.service", enabled=True)])["changed"]
+    assert systemctl.table["r.service"][0] == "enabled"
+    assert not call(systemctl, [dict(name="s.service", enabled=False)])["changed"]
 
 
 def test_a_unit_on_its_way_up_counts_as_started_and_one_on_its_way_down_as_stopped():
@@ -214,8 +232,8 @@ def test_one_call_brings_every_unit_to_its_state_and_a_second_changes_nothing(ta
     for name, (enabled, state) in wanted.items():
         file_state, active = systemctl.table[name]
         if enabled is True and table[name][0] in ("enabled", "enabled-runtime", "disabled"):
-            assert file_state in ("enabled", "enabled-runtime")
-        if enabled is False and table[name][0] in ("enabled", "enabled-runtime", "disabled"):
+            assert file_state == "enabled"
+        if enabled is False and table[name][0] in ("enabled", "disabled"):
             assert file_state == "disabled"
         if state == "started":
             assert active in units.STARTED
