@@ -360,7 +360,11 @@ def test_a_slow_member_is_waited_on_and_a_frozen_one_left_for_another(served, un
         started = time.monotonic()
         assert backend.acquire(unique_key, "a", 30).granted
         assert backend.renew(unique_key, "a", 30) is True
-        assert time.monotonic() - started < 4.0 + 1.0
+        # Each request within its op_timeout, and with auth the login before
+        # the first one within its own (it waits as long as the request); 1 s
+        # for a loaded machine (CI8 took 5.8 s of the 6 s with auth).
+        requests = 2 + (1 if password else 0)
+        assert time.monotonic() - started < 2.0 * requests + 1.0
         for proxy in proxies:
             proxy.delay = 0.0
         proxies[0].delay = None  # it answered last: asked first
