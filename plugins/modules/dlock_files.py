@@ -158,9 +158,9 @@ def plan(entries, check, diff):
 def run(params, check, diff):
     changes = plan(parse_files(params["files"]), check, diff)
     if not check:
-        for pair in changes:
-            pair[0].apply()
-    result = {"changed": bool(changes), "paths": [pair[0].path for pair in changes]}
+        for change, _shown in changes:
+            change.apply()
+    result = {"changed": bool(changes), "paths": [change.path for change, _shown in changes]}
     if diff:
         result["diff"] = [change.diff() for change, shown in changes if shown]
     return result

@@ -60,17 +60,18 @@ def _calendar(unit_dir, job):
 
 def _analyze(calendars):
     """[seconds or None] between the next two elapses of each calendar, from
-    one systemd-analyze run for all of them; None for all when it cannot
-    tell which answer is whose (an expression it refused prints nothing)."""
+    one systemd-analyze run for all of them; None when its answers cannot be
+    told apart (it did not run, or refused an expression, which prints
+    nothing)."""
     try:
         out = subprocess.run(["systemd-analyze", "calendar", "--iterations=2", "--"] + list(calendars),
                              capture_output=True, text=True, timeout=10, check=False,
                              env=dict(os.environ, TZ="UTC", LC_ALL="C")).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return [None] * len(calendars)
+        return None
     blocks = [block for block in out.split("\n\n") if block.strip()]
     if len(blocks) != len(calendars):
-        return [None] * len(calendars)
+        return None
     periods = []
     for block in blocks:
         times = [datetime.datetime.strptime(t, "%Y-%m-%d %H:%M:%S") for t in _ELAPSE.findall(block)]
@@ -90,8 +91,8 @@ def schedule_periods(unit_dir, jobs):
     if not distinct:
         return {}
     periods = _analyze(distinct)
-    if all(period is None for period in periods) and len(distinct) > 1:
-        periods = [_analyze([calendar])[0] for calendar in distinct]
+    if periods is None:
+        periods = [(_analyze([calendar]) or [None])[0] for calendar in distinct]
     by_calendar = dict(zip(distinct, periods))
     return dict((job, by_calendar[calendar]) for job, calendar in calendars.items()
                 if calendar and by_calendar[calendar] is not None)
