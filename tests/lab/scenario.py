@@ -28,6 +28,7 @@ molecule/common/tests/test_no_secret.py reads it there (verbose_run).
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -258,6 +259,13 @@ def idempotent_and_verified(lab, name, capsys, extra_vars=None):
     passes_its_verify_set(lab, name, capsys)
 
 
+# A role's own package lookup (dlock_common's install.yml) in ansible-playbook's
+# output: (its task header, its hosts' results up to the next task or play).
+ROLE_PACKAGE_LOOKUP = re.compile(
+    r"^TASK \[dlock\.fleet\.dlock_common : (Look for (?!the packages of the checked roles)[^\]]*)\][^\n]*\n"
+    r"(.*?)(?=^TASK |^PLAY |\Z)", re.M | re.S)
+
+
 def changes_nothing_again(lab, name, extra_vars=None):
     """The scenario's idempotence run (its output kept for the verify set's
     secrets checks) ends well and changes nothing."""
@@ -270,6 +278,13 @@ def changes_nothing_again(lab, name, extra_vars=None):
     # plays skipped theirs (docs/roles.md, playbooks/site.yml).
     checks = again.stdout.count("TASK [dlock.fleet.dlock_jobs : Preflight | Validate the job entries]")
     assert checks == 1, "the jobs' checks ran %d times" % checks
+    # Each host asked dpkg once, in site.yml's first play (dlock_common's
+    # packages.yml): every role's own lookup found its packages installed
+    # there and was skipped.
+    lookups = ROLE_PACKAGE_LOOKUP.findall(again.stdout)
+    assert lookups, "no role looked for its packages"
+    ran = [task for task, results in lookups if re.search(r"^(ok|changed): \[", results, re.M)]
+    assert ran == [], "these lookups asked dpkg again: %s" % ran
 
 
 def passes_its_verify_set(lab, name, capsys):
