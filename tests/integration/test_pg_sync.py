@@ -137,6 +137,40 @@ def test_holder_self_fences_when_the_standby_goes(pg_sync, unique_key, tmp_path)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_release_not_known_to_be_replicated_leaves_the_run_as_it_was(pg_sync, unique_key, scheme, tmp_path):
+    """The standby goes while the job runs (before any renewal): the release
+    after it commits on the primary alone, acknowledged with the warning once
+    op_timeout's cancel ends its wait for the standby. The job's success
+    stands (exit 0); the release is logged and counted as uncertain."""
+    started, go, metrics = tmp_path / "started", tmp_path / "go", tmp_path / "metrics"
+    metrics.mkdir()
+    job = "touch %s; while [ ! -e %s ]; do sleep 0.02; done" % (started, go)
+    # No renewal while the job runs (every 20s): the release is the first write after the grant.
+    runner = start_dlock(*_args(pg_sync.primary.url(scheme=scheme), unique_key, "--ttl", "60s", "--renew-every",
+                                "20s", "--op-timeout", "%gs" % OP_TIMEOUT, "--metrics-dir", str(metrics),
+                                "--", "sh", "-c", job))
+    try:
+        wait_for(started.exists, 20, "the job to start")
+        pg_sync.standby_down()
+        go.touch()
+        stderr = runner.communicate(timeout=OP_TIMEOUT + SLACK + 10)[1]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.communicate(timeout=30)
+    log = last_log(stderr)
+    assert (runner.returncode, log["result"], log["exit_code"]) == (0, "success", 0), stderr
+    assert log["release"] == "uncertain", log
+    assert "not known to be replicated to a synchronous standby" in log["release_error"], log
+    job_name = "job-" + unique_key[-6:]
+    text = (metrics / ("dlock_%s.prom" % job_name)).read_text()
+    assert 'dlock_releases_unconfirmed_total{job="%s",outcome="uncertain"} 1' % job_name in text, text
+    assert 'dlock_runs_total{job="%s",result="success"} 1' % job_name in text, text
+    # Uncertain, not failed: it did commit on the primary (a failover could still lose it).
+    assert lease_row(pg_sync.primary, unique_key)[0] is None
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_multi_host_url_lands_on_the_primary(pg_sync, unique_key, scheme, tmp_path):
     closed = "127.0.0.1:1"  # nothing listens there
     standby = "127.0.0.1:%d" % pg_sync.standby.port

@@ -44,6 +44,14 @@ class AuthError(BackendError):
     """The backend refused our credentials."""
 
 
+class OutcomeUnknown(BackendError):
+    """A request whose outcome nobody can tell: it may have taken effect or
+    not (sent with no answer: a timeout, a lost connection; or a PostgreSQL
+    commit not known to be replicated). Each backend raises its own kind;
+    the runner tells by this class a release that may have happened
+    ("uncertain") from one that did not ("failed")."""
+
+
 class ClockUnsafe(DlockError):
     """The local clock is too far from the backend's clock."""
 

@@ -29,6 +29,9 @@ LOG_FIELDS = ("job", "key", "owner", "fence", "run_id", "attempt", "wait_ms", "d
 # (name, type, help); names and units follow Prometheus' rules (contract).
 METRICS = (
     ("dlock_runs_total", "counter", "Runs of the job on this node, by result."),
+    ("dlock_releases_unconfirmed_total", "counter",
+     "Releases of the job's lease on this node that the backend did not confirm, by outcome "
+     "(uncertain: it may have happened; failed: it did not). The run's result stands; the lease expires by itself."),
     ("dlock_lock_wait_seconds", "gauge", "Time the last run waited for the lock."),
     ("dlock_last_run_timestamp_seconds", "gauge", "Unix time at which the last run ended."),
     ("dlock_last_run_duration_seconds", "gauge", "Wall time of the last run, lock handling included."),
@@ -42,7 +45,15 @@ METRICS = (
 )
 RESULTS = ("success", "failed", "skipped_locked", "skipped_duplicate", "lock_lost", "backend_error", "clock_unsafe",
            "rerun_refused")
-_COUNTER_LINE = re.compile(r'^dlock_runs_total\{job="[^"]*",result="([a-z_]+)"\} (\d+)$')
+# The release's outcome (Runner._release), the log line's `release`:
+# released, not_ours (the backend answered: the lease was no longer ours),
+# or one the backend did not confirm, which is counted.
+RELEASE_UNCONFIRMED = ("uncertain", "failed")
+# Each counter: its label and the values it counts, all of them written
+# from 0 on (a rate needs the series before its first increase).
+COUNTERS = {"dlock_runs_total": ("result", RESULTS),
+            "dlock_releases_unconfirmed_total": ("outcome", RELEASE_UNCONFIRMED)}
+_COUNTER_LINE = re.compile(r'^(dlock_[a-z_]+_total)\{job="[^"]*",([a-z_]+)="([a-z_]+)"\} (\d+)$')
 METRICS_LOCK_SECONDS = 2.0
 
 
@@ -71,11 +82,12 @@ def _read_previous(path):
 
 
 def _counters(text):
-    counts = dict((result, 0) for result in RESULTS)
+    """{counter: {value of its label: count}} of the previous file, every value of COUNTERS from 0."""
+    counts = dict((name, dict((value, 0) for value in values)) for name, (_label, values) in COUNTERS.items())
     for line in text.splitlines():
         match = _COUNTER_LINE.match(line.strip())
-        if match:
-            counts[match.group(1)] = int(match.group(2))
+        if match and COUNTERS.get(match.group(1), (None,))[0] == match.group(2):
+            counts[match.group(1)][match.group(3)] = int(match.group(4))
     return counts
 
 
@@ -98,8 +110,9 @@ def render(job, counts, gauges):
     labels = {"job": job}
     families = []
     for name, kind, help_text in METRICS:
-        if name == "dlock_runs_total":
-            samples = [(dict(labels, result=result), counts[result]) for result in sorted(counts)]
+        if name in COUNTERS:
+            label = COUNTERS[name][0]
+            samples = [(dict(labels, **{label: value}), counts[name][value]) for value in sorted(counts[name])]
         elif gauges.get(name) is not None:
             samples = [(labels, gauges[name])]
         else:
@@ -121,8 +134,9 @@ def _number(value):
     return repr(float(value))
 
 
-def write_metrics(directory, job, gauges, result=None):
-    """Update the job's file: count `result` (if given) and set the gauges given.
+def write_metrics(directory, job, gauges, result=None, release=None):
+    """Update the job's file: count `result` (if given) and the release's
+    outcome `release` if the backend did not confirm it, and set the gauges given.
 
     The directory's flock serialises two runners of one job on one node."""
     path = metrics_path(directory, job)
@@ -133,7 +147,9 @@ def write_metrics(directory, job, gauges, result=None):
         counts, previous = _counters(text), _gauges(text)
         previous.update((k, v) for k, v in gauges.items() if v is not None)
         if result is not None:
-            counts[result] = counts.get(result, 0) + 1
+            counts["dlock_runs_total"][result] = counts["dlock_runs_total"].get(result, 0) + 1
+        if release in RELEASE_UNCONFIRMED:
+            counts["dlock_releases_unconfirmed_total"][release] += 1
         write_textfile(path, render(job, counts, previous))
     finally:
         os.close(dir_fd)
@@ -159,7 +175,7 @@ def _gauges(text):
     up to the first line that is not one of ours."""
     gauges = {}
     for line in text.splitlines():
-        if line.startswith("dlock_") and not line.startswith("dlock_runs_total"):
+        if line.startswith("dlock_") and line.split("{", 1)[0] not in COUNTERS:
             try:
                 gauges[line.split("{", 1)[0]] = float(line.rsplit(" ", 1)[1])
             except (ValueError, IndexError):

@@ -15,7 +15,7 @@ import time
 from . import clock, report
 from .backends import Slot, open_backend
 from .deadline import LeaseDeadline, now
-from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError
+from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError, OutcomeUnknown
 from .owner import hostname, new_owner
 from .slots import boundary, marker_ttl, run_id, slot_number
 from .supervision import Supervisor
@@ -60,7 +60,8 @@ class RunReport(object):
                                dlock_last_run_timestamp_seconds=round(time.time(), 3),
                                dlock_last_run_duration_seconds=round(time.time() - started_wall, 3))
         try:
-            report.write_metrics(settings.metrics_dir, settings.job, self.gauges, result)
+            # The release's outcome is in the record by the run's end (none at the grant).
+            report.write_metrics(settings.metrics_dir, settings.job, self.gauges, result, self.record.get("release"))
         except (IOError, OSError) as exc:
             report.log_line({"job": settings.job, "key": settings.key, "result": "metrics_error",
                              "error": "cannot write metrics in %s: %s" % (settings.metrics_dir, exc)},
@@ -197,13 +198,21 @@ class Runner(object):
                 "fence": self.record.get("fence"), "run_id": self.record.get("run_id"), "finished_at": time.time()}
         if self.settings.rerun is not None:
             last.update(rerun=True, rerun_reason=self.settings.reason)
+        # The run is what the job made it whatever comes of its release: its
+        # outcome (report.RELEASE_UNCONFIRMED) goes to the log line and the
+        # metrics only. A lease not released expires by itself within its TTL.
+        error = None
         try:
-            if not backend.release(self.settings.key, self.owner, self.options.min_hold, last, slot) \
-                    and result != "lock_lost":
-                self.record["release"] = "not ours any more (expired or broken)"
-        except DlockError as exc:
-            # The lease then expires by itself within its TTL.
-            self.record["release"] = "failed: %s" % exc
+            released = backend.release(self.settings.key, self.owner, self.options.min_hold, last, slot)
+        except OutcomeUnknown as exc:  # it may have happened: the lease may be free, the run recorded, or not
+            outcome, error = "uncertain", str(exc)
+        except DlockError as exc:  # the backend refused it, or was not reached: it did not happen
+            outcome, error = "failed", str(exc)
+        except Exception as exc:  # a backend's bug: nothing tells how far it got
+            outcome, error = "uncertain", "%s: %s" % (exc.__class__.__name__, exc)
+        else:
+            outcome = "released" if released else "not_ours"  # not ours: expired, broken, or taken since
+        self.record.update(release=outcome, release_error=error)
 
     # -- fail open ------------------------------------------------------------
     def _unlocked_run(self, exc):

@@ -21,7 +21,7 @@ import json
 import math
 import time
 
-from ..errors import AuthError, BackendError
+from ..errors import AuthError, BackendError, OutcomeUnknown
 from ..validate import MAX_DURATION
 from .base import endpoint, lease_ms
 
@@ -77,6 +77,13 @@ TRUSTED_SHARE = 0.75
 
 class Unavailable(Exception):
     """This member did not answer (or cannot serve): try the next one."""
+
+
+class NoAnswer(OutcomeUnknown):
+    """No member answered within op_timeout. A write may still have been
+    applied: a member that timed out, broke the connection or answered 503
+    ("request timed out") may have had it, and a refused connection is not
+    told apart from those here."""
 
 
 class EtcdGateway(object):
@@ -160,8 +167,8 @@ class EtcdGateway(object):
             if not stream and response.get("header", {}).get("member_id"):
                 self._member_ids[index] = response["header"]["member_id"]
             return response
-        raise BackendError("etcd: no member answered within op_timeout (%.3gs): %s"
-                           % (self.op_timeout, "; ".join(errors) or "no time left"))
+        raise NoAnswer("etcd: no member answered within op_timeout (%.3gs): %s"
+                       % (self.op_timeout, "; ".join(errors) or "no time left"))
 
     def _post_to(self, client, path, payload, timeouts, stream, read_timeout=None):
         """One member's answer: TIMEOUTS (connect, answer) bound the request

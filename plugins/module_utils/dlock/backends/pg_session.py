@@ -18,7 +18,7 @@ import socket  # psycopg imports it anyway: no cost at start
 import threading
 import time
 
-from ..errors import AuthError, BackendError
+from ..errors import AuthError, BackendError, OutcomeUnknown
 from ..validate import backend_url
 from ..watchdog import Watchdog
 from .base import endpoint
@@ -29,7 +29,7 @@ except ImportError:
     psycopg = None
 
 
-class CommitUnknown(BackendError):
+class CommitUnknown(OutcomeUnknown):
     """A write may be committed on the primary without being synchronously
     replicated, or may not be committed at all: it cannot be counted."""
 

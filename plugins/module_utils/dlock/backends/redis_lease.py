@@ -22,7 +22,7 @@ so a runner that never waits needs no other commands than before.
 import json
 import time
 
-from ..errors import AuthError, BackendError, MissingDriver
+from ..errors import AuthError, BackendError, MissingDriver, OutcomeUnknown
 from ..slots import DONE, SLOT_TRIES, marker_owner, outcome_marker
 from ..validate import MAX_DURATION
 from .base import Backend, Grant, LockView, endpoint, grant_not_counted, lease_ms
@@ -244,7 +244,7 @@ def _lock_view(key, lease, pttl, counter, last_json, now):
     )
 
 
-class NoAnswer(BackendError):
+class NoAnswer(OutcomeUnknown):
     """A request sent with no answer (a timeout, a lost connection): it may
     or may not have run on the server."""
 
