@@ -149,6 +149,10 @@ class Supervisor(object):
             returncode, reason = self._watch(child, deadline, heartbeat, wake_r)
         finally:
             heartbeat.stop()
+            # A renewal in flight ends (within its op_timeout) before the
+            # release: the two would share the backend's session, and the
+            # renewal's end could cancel the release's own guard.
+            heartbeat.join(self.options.op_timeout + 1.0)
             _restore_signals(previous)
             child.close()
             os.close(wake_r)

@@ -13,6 +13,7 @@ test needs an outcome the file backend never has.
 import io
 import json
 import sys
+import threading
 
 import pytest
 
@@ -133,3 +134,60 @@ def test_the_counter_carries_over_from_run_to_run(run):
     _code, _log, metrics = run(0, CommitUnknown(UNREPLICATED))
     assert (counter(metrics, "uncertain"), counter(metrics, "failed")) == (2, 1)
     assert 'dlock_runs_total{job="%s",result="success"} 4' % JOB in metrics
+
+
+class SlowRenewal(object):
+    """The backend, whose renewals each take `hold` seconds after telling the
+    job to exit (by creating `go`); its release notes whether a renewal was
+    still in flight when it began."""
+
+    def __init__(self, backend, go, hold):
+        self._backend = backend
+        self._go = go
+        self._hold = hold
+        self._in_flight = threading.Event()
+        self.released_during_renewal = None
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def renew(self, *args, **kwargs):
+        self._in_flight.set()
+        try:
+            self._go.touch()
+            threading.Event().wait(self._hold)  # a slow answer, not a synchronisation
+            return self._backend.renew(*args, **kwargs)
+        finally:
+            self._in_flight.clear()
+
+    def release(self, *args, **kwargs):
+        self.released_during_renewal = self._in_flight.is_set()
+        return self._backend.release(*args, **kwargs)
+
+
+def test_the_release_waits_for_a_renewal_in_flight(tmp_path, monkeypatch):
+    """A renewal still in flight when the job ends is waited for (within its
+    op_timeout) before the release: the two never share the backend's
+    session at once (on PostgreSQL, the renewal's end could cancel the
+    release's own op_timeout guard, or make a clean release look uncertain)."""
+    monkeypatch.setenv("DLOCK_CGROUP", "off")
+    config = tmp_path / "dlock.json"
+    config.write_text("{}")
+    (tmp_path / "lock").mkdir()
+    (tmp_path / "metrics").mkdir()
+    go = tmp_path / "go"
+    backends = []
+
+    def slow(*args):
+        backends.append(SlowRenewal(open_backend(*args), go, 0.5))
+        return backends[-1]
+    monkeypatch.setattr(runner, "open_backend", slow)
+    waits_for_go = "import os, time\nwhile not os.path.exists(%r): time.sleep(0.01)\n" % str(go)
+    flags = {"config": str(config), "jobs_dir": str(tmp_path), "backend": "file://%s" % (tmp_path / "lock"),
+             "metrics_dir": str(tmp_path / "metrics"), "ttl": "6s", "renew_every": "0.2s", "op_timeout": "2s"}
+    settings = load_settings(flags, job=JOB, command=[sys.executable, "-c", waits_for_go], need_command=True)
+    stderr = io.StringIO()
+    assert runner.Runner(settings, stderr).run() == 0
+    log = json.loads(stderr.getvalue().splitlines()[-1])
+    assert log["result"] == "success" and log["release"] == "released", log
+    assert backends[0].released_during_renewal is False
