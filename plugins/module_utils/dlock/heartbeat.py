@@ -31,10 +31,22 @@ class Heartbeat(threading.Thread):
         # flight when the job ended would otherwise write to a closed
         # descriptor, or to whatever file reused its number).
         self._stop_lock = threading.Lock()
+        self._worker = None  # the last renewal's thread, which may outlive its op_timeout
 
     def stop(self):
         with self._stop_lock:
             self._stop_event.set()
+
+    def wait_done(self, timeout):
+        """After stop(): wait at most TIMEOUT in all for this thread and for
+        its last renewal, which may still run after the loop gave up on it
+        at op_timeout (a PostgreSQL commit's wait ends only at its cancel):
+        a release begun meanwhile would share the backend's session with it."""
+        deadline = now() + timeout
+        self.join(timeout)
+        worker = self._worker
+        if worker is not None:
+            worker.join(max(0.0, deadline - now()))
 
     def _renew_bounded(self):
         box = []
@@ -47,6 +59,7 @@ class Heartbeat(threading.Thread):
 
         worker = threading.Thread(target=call, name="dlock-renew")
         worker.daemon = True
+        self._worker = worker
         worker.start()
         worker.join(self.options.op_timeout)
         if worker.is_alive():

@@ -148,15 +148,16 @@ class Supervisor(object):
         try:
             returncode, reason = self._watch(child, deadline, heartbeat, wake_r)
         finally:
-            heartbeat.stop()
-            # A renewal in flight ends (within its op_timeout) before the
-            # release: the two would share the backend's session, and the
-            # renewal's end could cancel the release's own guard.
-            heartbeat.join(self.options.op_timeout + 1.0)
+            heartbeat.stop()  # once it returns, nothing writes to wake_w
             _restore_signals(previous)
             child.close()
             os.close(wake_r)
             os.close(wake_w)
+            # Then, the job stopped, a renewal in flight ends before the
+            # release: the two would share the backend's session, and the
+            # renewal's end could disarm the release's own op_timeout guard.
+            # op_timeout, and a second for a PostgreSQL call's cancel.
+            heartbeat.wait_done(self.options.op_timeout + 1.0)
         self._note_leftovers(child)
         return self._outcome(heartbeat, returncode, reason)
 

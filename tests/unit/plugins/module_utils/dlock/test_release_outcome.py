@@ -165,11 +165,14 @@ class SlowRenewal(object):
         return self._backend.release(*args, **kwargs)
 
 
-def test_the_release_waits_for_a_renewal_in_flight(tmp_path, monkeypatch):
-    """A renewal still in flight when the job ends is waited for (within its
-    op_timeout) before the release: the two never share the backend's
-    session at once (on PostgreSQL, the renewal's end could cancel the
-    release's own op_timeout guard, or make a clean release look uncertain)."""
+@pytest.mark.parametrize("hold, op_timeout", [(0.5, "2s"), (1.2, "0.5s")], ids=["within_op_timeout", "past_it"])
+def test_the_release_waits_for_a_renewal_in_flight(tmp_path, monkeypatch, hold, op_timeout):
+    """A renewal still in flight when the job ends is waited for before the
+    release, even one the heartbeat gave up on at op_timeout (a PostgreSQL
+    commit's wait ends only at its cancel, up to a second later): the two
+    never share the backend's session at once (the renewal's end could
+    disarm the release's own op_timeout guard, or make a clean release look
+    uncertain)."""
     monkeypatch.setenv("DLOCK_CGROUP", "off")
     config = tmp_path / "dlock.json"
     config.write_text("{}")
@@ -179,12 +182,12 @@ def test_the_release_waits_for_a_renewal_in_flight(tmp_path, monkeypatch):
     backends = []
 
     def slow(*args):
-        backends.append(SlowRenewal(open_backend(*args), go, 0.5))
+        backends.append(SlowRenewal(open_backend(*args), go, hold))
         return backends[-1]
     monkeypatch.setattr(runner, "open_backend", slow)
     waits_for_go = "import os, time\nwhile not os.path.exists(%r): time.sleep(0.01)\n" % str(go)
     flags = {"config": str(config), "jobs_dir": str(tmp_path), "backend": "file://%s" % (tmp_path / "lock"),
-             "metrics_dir": str(tmp_path / "metrics"), "ttl": "6s", "renew_every": "0.2s", "op_timeout": "2s"}
+             "metrics_dir": str(tmp_path / "metrics"), "ttl": "6s", "renew_every": "0.2s", "op_timeout": op_timeout}
     settings = load_settings(flags, job=JOB, command=[sys.executable, "-c", waits_for_go], need_command=True)
     stderr = io.StringIO()
     assert runner.Runner(settings, stderr).run() == 0
