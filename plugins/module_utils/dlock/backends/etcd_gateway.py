@@ -76,7 +76,24 @@ TRUSTED_SHARE = 0.75
 
 
 class Unavailable(Exception):
-    """This member did not answer (or cannot serve): try the next one."""
+    """This member did not answer (or cannot serve): try the next one.
+    `maybe_applied`: the request may have reached it, and a write may have
+    been applied though no answer came (read timeout, a connection broken
+    after the request was sent, a 503 such as "request timed out"); false
+    only when the request was never sent (no connection was made)."""
+
+    def __init__(self, why, maybe_applied=True):
+        Exception.__init__(self, why)
+        self.maybe_applied = maybe_applied
+
+
+def _never_sent(exc):
+    """Whether a requests error happened before the request was sent: no
+    connection was made (refused, unreachable, or the connect timed out)."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None  # urllib3's MaxRetryError
+    return reason is not None and reason.__class__.__name__ == "NewConnectionError"
 
 
 class NoAnswer(OutcomeUnknown):
@@ -112,6 +129,10 @@ class EtcdGateway(object):
         self._member_ids = {}  # endpoint index -> the member id its answers' headers carry
         self._member_names = {}  # member id -> name, from the member list (describe(cluster=True))
         self._token = None
+        # Whether the last call was answered by a member after another may
+        # have applied it without answering: a write's answer (a compare
+        # that failed) may then describe the state after our own write.
+        self.answered_after_a_lost_try = False
 
     def _members(self):
         if self._clients is None:
@@ -152,6 +173,7 @@ class EtcdGateway(object):
         tried = self._ordered()
         trusted, self._trusted = self._trusted, False  # until a member answers this call
         errors = []
+        self.answered_after_a_lost_try = lost_try = False
         for number, (index, client) in enumerate(tried):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -162,8 +184,10 @@ class EtcdGateway(object):
                 response = self._post_to(client, path, payload, (share, wait), stream, read_timeout)
             except Unavailable as exc:
                 errors.append("%s:%s: %s" % (client.host, client.port, exc))
+                lost_try = lost_try or exc.maybe_applied
                 continue
             self._current, self._answered, self._trusted = index, True, True
+            self.answered_after_a_lost_try = lost_try
             if not stream and response.get("header", {}).get("member_id"):
                 self._member_ids[index] = response["header"]["member_id"]
             return response
@@ -182,7 +206,8 @@ class EtcdGateway(object):
                 response = client.session.post(client.get_url(path), json=payload, headers=headers, stream=stream,
                                                timeout=(connect_timeout, read_timeout or answer_timeout))
             except requests.RequestException as exc:
-                raise Unavailable(exc.__class__.__name__ if isinstance(exc, requests.Timeout) else exc)
+                raise Unavailable(exc.__class__.__name__ if isinstance(exc, requests.Timeout) else exc,
+                                  maybe_applied=not _never_sent(exc))
             if response.status_code == 200:
                 return response if stream else response.json()
             error = _error_text(response)
@@ -213,11 +238,11 @@ class EtcdGateway(object):
                                                json={"name": self.user, "password": self.password},
                                                timeout=timeouts)
             except requests.RequestException as exc:
-                raise Unavailable(exc)
+                raise Unavailable(exc, maybe_applied=False)  # the login, not the request
             if response.status_code != 200:
                 error = _error_text(response)
                 if response.status_code == 503:
-                    raise Unavailable(error)
+                    raise Unavailable(error, maybe_applied=False)
                 # Never the password: the error is the server's text.
                 raise AuthError("etcd: cannot log in as %s: %s" % (self.user, error))
             self._token = response.json()["token"]

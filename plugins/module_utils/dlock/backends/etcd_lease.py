@@ -12,7 +12,7 @@ import json
 import math
 import time
 
-from ..errors import BackendError, ConfigError, MissingDriver
+from ..errors import BackendError, ConfigError, MissingDriver, OutcomeUnknown
 from ..options import BACKEND_MIN_TTL
 from ..safefile import require_regular
 from ..slots import outcome_marker
@@ -110,10 +110,17 @@ class EtcdBackend(Backend):
         compare = [{"key": b64(self.names.lock(key)), "target": "MOD", "result": "EQUAL",
                     "mod_revision": held.mod_revision}]
         answer = self._release_with_outcome(key, owner, last, slot, compare, success)
+        lost_try = answer is not None and self.gateway.answered_after_a_lost_try
         if answer is None or not answer.get("succeeded"):
             answer = self.gateway.txn(compare, success, [])
+            lost_try = lost_try or self.gateway.answered_after_a_lost_try
         self._leases.pop((key, owner), None)
         if not answer.get("succeeded"):
+            if lost_try:
+                # A member that gave no answer may have applied one of these
+                # transactions: then the lock changed by our own release.
+                raise OutcomeUnknown("etcd: the release got no answer from a member, and the next one found the "
+                                     "lock changed: the first may have applied it")
             if short:
                 self.gateway.revoke(short)
             return False
