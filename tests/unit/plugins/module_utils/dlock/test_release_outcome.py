@@ -52,20 +52,25 @@ class ReleaseAs(object):
 def run(tmp_path, monkeypatch):
     """run(status, outcome): one `dlock run` of a job that exits with
     `status`, on a file:// lock whose release answers with `outcome` (None:
-    the real release); (exit code, log line, metrics text)."""
+    the real release); (exit code, log line, metrics text). `source`: the
+    job's Python code instead; `options`: more settings; `wrap`: the
+    backend's wrapper instead of ReleaseAs."""
     monkeypatch.setenv("DLOCK_CGROUP", "off")  # no cgroup to make: the guard alone
     config = tmp_path / "dlock.json"
     config.write_text("{}")
     (tmp_path / "lock").mkdir()
     (tmp_path / "metrics").mkdir()
 
-    def run_once(status, outcome=None):
-        monkeypatch.setattr(runner, "open_backend", open_backend if outcome is None else
-                            lambda *args: ReleaseAs(open_backend(*args), outcome))
-        flags = {"config": str(config), "jobs_dir": str(tmp_path), "backend": "file://%s" % (tmp_path / "lock"),
-                 "metrics_dir": str(tmp_path / "metrics")}
-        settings = load_settings(flags, job=JOB, command=[sys.executable, "-c", "raise SystemExit(%d)" % status],
-                                 need_command=True)
+    def run_once(status=0, outcome=None, source=None, options=None, wrap=None):
+        if wrap is None and outcome is not None:
+            def wrap(backend):
+                return ReleaseAs(backend, outcome)
+        monkeypatch.setattr(runner, "open_backend", open_backend if wrap is None else
+                            lambda *args: wrap(open_backend(*args)))
+        flags = dict({"config": str(config), "jobs_dir": str(tmp_path), "backend": "file://%s" % (tmp_path / "lock"),
+                      "metrics_dir": str(tmp_path / "metrics")}, **(options or {}))
+        settings = load_settings(flags, job=JOB, need_command=True,
+                                 command=[sys.executable, "-c", source or "raise SystemExit(%d)" % status])
         stderr = io.StringIO()
         code = runner.Runner(settings, stderr).run()
         log = [json.loads(line) for line in stderr.getvalue().splitlines()]
@@ -166,31 +171,22 @@ class SlowRenewal(object):
 
 
 @pytest.mark.parametrize("hold, op_timeout", [(0.5, "2s"), (1.2, "0.5s")], ids=["within_op_timeout", "past_it"])
-def test_the_release_waits_for_a_renewal_in_flight(tmp_path, monkeypatch, hold, op_timeout):
+def test_the_release_waits_for_a_renewal_in_flight(run, tmp_path, hold, op_timeout):
     """A renewal still in flight when the job ends is waited for before the
     release, even one the heartbeat gave up on at op_timeout (a PostgreSQL
     commit's wait ends only at its cancel, up to a second later): the two
     never share the backend's session at once (the renewal's end could
     disarm the release's own op_timeout guard, or make a clean release look
     uncertain)."""
-    monkeypatch.setenv("DLOCK_CGROUP", "off")
-    config = tmp_path / "dlock.json"
-    config.write_text("{}")
-    (tmp_path / "lock").mkdir()
-    (tmp_path / "metrics").mkdir()
     go = tmp_path / "go"
     backends = []
 
-    def slow(*args):
-        backends.append(SlowRenewal(open_backend(*args), go, hold))
+    def slow(backend):
+        backends.append(SlowRenewal(backend, go, hold))
         return backends[-1]
-    monkeypatch.setattr(runner, "open_backend", slow)
     waits_for_go = "import os, time\nwhile not os.path.exists(%r): time.sleep(0.01)\n" % str(go)
-    flags = {"config": str(config), "jobs_dir": str(tmp_path), "backend": "file://%s" % (tmp_path / "lock"),
-             "metrics_dir": str(tmp_path / "metrics"), "ttl": "6s", "renew_every": "0.2s", "op_timeout": op_timeout}
-    settings = load_settings(flags, job=JOB, command=[sys.executable, "-c", waits_for_go], need_command=True)
-    stderr = io.StringIO()
-    assert runner.Runner(settings, stderr).run() == 0
-    log = json.loads(stderr.getvalue().splitlines()[-1])
+    code, log, _metrics = run(source=waits_for_go, wrap=slow,
+                              options={"ttl": "6s", "renew_every": "0.2s", "op_timeout": op_timeout})
+    assert code == 0
     assert log["result"] == "success" and log["release"] == "released", log
     assert backends[0].released_during_renewal is False
