@@ -99,8 +99,9 @@ def _never_sent(exc):
 class NoAnswer(OutcomeUnknown):
     """No member answered within op_timeout. A write may still have been
     applied: a member that timed out, broke the connection or answered 503
-    ("request timed out") may have had it, and a refused connection is not
-    told apart from those here."""
+    ("request timed out") may have had it. Raised too when every member
+    refused the connection (each try's Unavailable.maybe_applied tells that
+    case apart; the call's outcome does not use it yet)."""
 
 
 class EtcdGateway(object):
