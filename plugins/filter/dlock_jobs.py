@@ -13,13 +13,14 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import Co
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import validate_jobs
 
 
-def dlock_jobs(jobs, defaults=None, randomized_delay=0, backend_url=""):
+def dlock_jobs(jobs, defaults=None, randomized_delay=0, backend_url="", accuracy="1s"):
     """Validated jobs: only checked values, each present job with `file` (the
-    job file's content). `randomized_delay` is the role's default delay;
+    job file's content). `randomized_delay` and `accuracy` are the role's
+    defaults for the timers;
     `backend_url` the runners' backend, whose scheme decides the timing rule
     ('' when not known: the stricter rule of a backend on a wall clock)."""
     try:
-        return validate_jobs(jobs, defaults, randomized_delay, backend_url)
+        return validate_jobs(jobs, defaults, randomized_delay, backend_url, accuracy)
     except ConfigError as exc:
         raise AnsibleFilterError(str(exc))
 

@@ -17,6 +17,7 @@ import re
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES, LockOptions
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import slot_lead
 
 UNIT_KEYS = (
     "name", "command", "shell", "schedule", "randomized_delay", "accuracy", "persistent", "user", "group",
@@ -107,25 +108,63 @@ def _job_file(job, where, defaults, scheme):
     return content, lock_options
 
 
-def _check_slot_window(job, where, lock_options, default_delay):
-    """Timers fire at a boundary plus randomized delay (plus skew): all of that
-    must fit in half a slot, or nodes could land in different slots. The
-    job's once_per, else the runner's default one (lock_options has merged
-    them, as the runner does)."""
+def _check_slot_window(job, where, lock_options, defaults, schedule):
+    """Every node that fires for one slot must claim it (slots.py): on the
+    backend's clock a node is at most max_clock_skew early, which the slot's
+    lead covers, and late by the skew, the timer's randomized delay and
+    accuracy; all of that after the firing's place in its slot, in any time
+    zone the node may be in (_slot_phases), must end before the next slot's
+    window opens, the lead before its boundary. The job's once_per, else the
+    runner's default one (lock_options has merged them, as the runner does)."""
     once_per = lock_options.once_per
     if once_per is None:
         return
     field = "once_per" if job.get("once_per") is not None else "once_per of dlock_runner_defaults"
-    if job.get("randomized_delay") is not None:
-        delay = validate.duration(job["randomized_delay"], "%s: randomized_delay" % where)
-    else:  # the role's default, which the timer uses too
-        delay = validate.duration(default_delay, "dlock_jobs_randomized_delay")
+    timer = {}
+    for name, default_name in (("randomized_delay", "dlock_jobs_randomized_delay"), ("accuracy", "dlock_jobs_accuracy")):
+        if job.get(name) is not None:
+            timer[name] = validate.duration(job[name], "%s: %s" % (where, name))
+        else:  # the role's default, which the timer uses too
+            timer[name] = validate.duration(defaults[name], default_name)
     skew = lock_options.max_clock_skew  # the job's, else the runner's default, else the engine's
-    if delay + skew >= once_per / 2:
-        raise ConfigError("%s: randomized_delay (%s) + max_clock_skew (%s) must stay below half of %s "
-                          "(%s), or nodes that fire in the same slot could see different slots"
-                          % (where, validate.format_duration(delay), validate.format_duration(skew), field,
-                             validate.format_duration(once_per)))
+    phase, zone_bound = _latest_phase(schedule, once_per)
+    late = timer["randomized_delay"] + timer["accuracy"] + skew
+    if phase + late + slot_lead(once_per, skew) < once_per:
+        return
+    fired = ""
+    if phase:
+        fired = "the schedule fires %s after a slot's boundary%s, and that + " % (
+            validate.format_duration(phase),
+            " in some time zone (a zone's offset is a multiple of 15 minutes: name UTC in the schedule to fix it)"
+            if zone_bound else "")
+    raise ConfigError("%s: %srandomized_delay (%s) + accuracy (%s) + 2 x max_clock_skew (%s) must stay below %s (%s), "
+                      "or nodes that fire for one slot could claim two and run twice; lower the delay or the accuracy, "
+                      "or make once_per longer"
+                      % (where, fired, validate.format_duration(timer["randomized_delay"]),
+                         validate.format_duration(timer["accuracy"]), validate.format_duration(skew), field,
+                         validate.format_duration(once_per)))
+
+
+# Every time zone's offset from UTC is a multiple of 15 minutes.
+ZONE_STEP = 900
+UTC_ZONES = ("utc", "gmt", "etc/utc", "etc/gmt", "z")
+
+
+def _latest_phase(schedule, width):
+    """(how far into its slot the schedule's latest firing falls, seconds;
+    whether that is so only in some time zone). Known where the width
+    divides a day and the firing times are known (schedule_firings); the
+    time zone matters unless the schedule names UTC or the width divides 15
+    minutes. Elsewhere (0, False): the firings are taken to be on the boundaries."""
+    firings = schedule_firings(schedule)
+    if firings is None or width != int(width) or 86400 % int(width):
+        return 0.0, False
+    seconds, zone = firings
+    width = int(width)
+    offsets = [0] if zone in UTC_ZONES or ZONE_STEP % width == 0 else range(0, 86400, ZONE_STEP)
+    here = max(second % width for second in seconds)
+    anywhere = max((second - offset) % width for second in seconds for offset in offsets)
+    return float(anywhere), anywhere > here
 
 
 def _calendar_values(text, low, high):
@@ -183,6 +222,26 @@ def _firing_days(weekdays, month_day):
     return found
 
 
+def schedule_firings(expression):
+    """(the seconds of the day at which an OnCalendar expression fires, its
+    time zone in lower case or None: the node's own), or None where not
+    known from the expression alone (schedule_period's grammar)."""
+    words = _schedule_words(expression)
+    if _firing_dates(words) is None:
+        return None
+    zone = words[-1].lower() if words and words[-1][:1].isalpha() else None
+    times = _firing_times(words)
+    return None if times is None else (times, zone)
+
+
+def _schedule_words(expression):
+    """The expression's words, a shorthand (hourly, daily...) spelt out."""
+    words = expression.split()
+    if words and words[0].lower() in CALENDAR_SHORTHANDS:
+        words = CALENDAR_SHORTHANDS[words[0].lower()].split() + words[1:]
+    return words
+
+
 def schedule_period(expression):
     """The smallest gap, in seconds, between two firings of an OnCalendar
     expression, or None where it cannot be told from the expression alone.
@@ -193,11 +252,9 @@ def schedule_period(expression):
     the last days of a month (~), fractions of a second. The gap is nominal,
     in the expression's own time: a daylight saving change that makes one
     local day 23 hours long does not make 'daily' a 23-hour period."""
-    words = expression.split()
+    words = _schedule_words(expression)
     if not words:
         return None
-    if words[0].lower() in CALENDAR_SHORTHANDS:
-        words = CALENDAR_SHORTHANDS[words[0].lower()].split() + words[1:]
     dates = _firing_dates(words)
     times = None if dates is None else _firing_times(words)
     if times is None:
@@ -283,7 +340,7 @@ def _schedule(value, where):
     return validate.text(value, field, 256, SCHEDULE, "a systemd OnCalendar expression")
 
 
-def _present(job, where, defaults, default_delay, scheme):
+def _present(job, where, defaults, timer_defaults, scheme):
     """The checked fields of a present job, for its unit files."""
     if job.get("schedule") is None:
         raise ConfigError("%s: schedule (a systemd OnCalendar expression) is required" % where)
@@ -293,7 +350,7 @@ def _present(job, where, defaults, default_delay, scheme):
         "schedule": _schedule(job["schedule"], where),
         "file": content,
     }
-    _check_slot_window(job, where, lock_options, default_delay)
+    _check_slot_window(job, where, lock_options, timer_defaults, entry["schedule"])
     _check_period(job, where, lock_options, entry["schedule"])
     for name in ("randomized_delay", "accuracy"):
         if job.get(name) is not None:
@@ -312,7 +369,7 @@ def _present(job, where, defaults, default_delay, scheme):
     return entry
 
 
-def _entry(job, index, seen, defaults, default_delay, scheme):
+def _entry(job, index, seen, defaults, timer_defaults, scheme):
     where = "dlock_jobs_list[%d]" % index
     validate.mapping(job, where)
     name = validate.job_name(job.get("name"), "%s: name" % where)
@@ -328,12 +385,13 @@ def _entry(job, index, seen, defaults, default_delay, scheme):
         raise ConfigError("%s: state must be present or absent" % where)
     if state == "absent":
         return {"name": name, "state": "absent"}
-    return _present(job, where, defaults, default_delay, scheme)
+    return _present(job, where, defaults, timer_defaults, scheme)
 
 
-def validate_jobs(jobs, defaults=None, randomized_delay=0, backend_url=""):
+def validate_jobs(jobs, defaults=None, randomized_delay=0, backend_url="", accuracy="1s"):
     """Validated jobs: only checked values, each present job with `file` (the
-    job file's content). `randomized_delay` is the role's default delay;
+    job file's content). `randomized_delay` and `accuracy` are the role's
+    defaults for the timers;
     `backend_url` the runners' backend, whose scheme decides the timing rule
     ('' when not known: the stricter rule of a backend on a wall clock).
     ConfigError names the entry and its field."""
@@ -343,4 +401,5 @@ def validate_jobs(jobs, defaults=None, randomized_delay=0, backend_url=""):
     LockOptions.from_mapping(dict((k, v) for k, v in defaults.items() if k in OPTION_NAMES),
                              "dlock_runner_defaults", scheme)
     seen = set()
-    return [_entry(job, index, seen, defaults, randomized_delay, scheme) for index, job in enumerate(jobs)]
+    timer_defaults = {"randomized_delay": randomized_delay, "accuracy": accuracy}
+    return [_entry(job, index, seen, defaults, timer_defaults, scheme) for index, job in enumerate(jobs)]

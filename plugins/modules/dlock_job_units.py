@@ -344,7 +344,7 @@ class JobUnits(object):
     def run(self):
         params = self.params
         jobs = validate_jobs(params["jobs"], params["runner_defaults"], params["randomized_delay"],
-                             params["backend_url"])
+                             params["backend_url"], params["accuracy"])
         unit_dir = validate.path(params["unit_dir"], "dlock_jobs_unit_dir")
         settings = job_files.make_settings(
             params["managed"], params["runner_bin"], params["jobs_dir"], params["group"], params["user"],

@@ -91,10 +91,10 @@ def slot_phase(lab, since, until, period):
     # A slot with no run counts as late by a whole period: it is in the
     # percentiles, not left out of them.
     late = [times[0] - boundary_seconds(run_id) for run_id, times in slots.items()]
-    # A slot is the window of width `period` centred on its boundary, on the
-    # backend's clock (docs/design.md, Once per slot): a runner that reaches
-    # the backend more than half a period after its timer fired claims the
-    # next slot, before that slot's boundary, and its own slot has no run.
+    # A slot's window opens max_clock_skew before its boundary, on the
+    # backend's clock (docs/design.md, Once per slot): a run before its
+    # boundary is one whose runner reached the backend late in the previous
+    # window, after the next one opened, so its own slot has no run.
     early = sum(1 for value in late if value < 0)
     missed = expected - len(slots)
     late += [float(period)] * missed

@@ -23,7 +23,7 @@ INDEX_NODES = ("Index Scan", "Index Only Scan", "Bitmap Heap Scan")
 KEY, OWNER = "k-777", "owner-777-0"
 GRANT = {"key": KEY, "owner": OWNER, "ttl_ms": 30000, "session": False}
 RELEASE = {"key": KEY, "owner": OWNER, "min_hold_ms": 5000, "last": None}
-SLOT = {"key": KEY, "owner": OWNER, "slot": 5, "marker_ms": 60000, "width_ms": None}
+SLOT = {"key": KEY, "owner": OWNER, "slot": 5, "marker_ms": 60000, "width_ms": None, "lead_ms": 2000}
 STATEMENTS = {
     "grant, nobody in line": (pg_common.UPSERT_LEASE_NO_LINE, GRANT),
     "grant by the line": (pg_common.UPSERT_LEASE, GRANT),
@@ -42,6 +42,7 @@ STATEMENTS = {
     "claim a slot": (pg_common.CLAIM_SLOT, SLOT),
     "claim the server's slot": (pg_common.CLAIM_SLOT, dict(SLOT, width_ms=60000)),
     "slot owner": (pg_common.SLOT_OWNER, (KEY, 5)),
+    "the server's slot's owner": (pg_common.CURRENT_SLOT_OWNER, dict(SLOT, width_ms=60000)),
     "prune slots": (pg_common.PRUNE_SLOTS, (KEY,)),
     "undo a slot": (pg_common.UNDO_SLOT, (KEY, 5, OWNER)),
     "a rerun's slot": (pg_common.RERUN_SLOT, dict(SLOT, width_ms=60000)),

@@ -17,6 +17,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import mar
 from runner_proc import wait_for
 
 WIDTH = 2.0  # markers live 3s
+LONG = 30 * 86400.0  # the longest once_per: its windows' edges are far from any test's grant
 
 
 @pytest.fixture(params=["redis", "postgresql", "postgresql+advisory", "etcd", "file"])
@@ -73,3 +74,23 @@ def test_an_estimate_from_an_earlier_slot_is_still_a_duplicate_of_the_current_on
     assert grant.status == "duplicate"
     if not isinstance(b, FileBackend):  # the file's state keeps no owner of a released run
         assert grant.holder.owner == "owner-a"
+
+
+def test_a_slot_window_opens_its_lead_before_the_boundary(two_clients, unique_key):
+    """slots.py's rule in each backend's own grant step: slot N is open from
+    N*W - lead, so the same moment is in the next slot with a lead that
+    reaches back over it and in this one with a lead that does not."""
+    a, b = two_clients
+    now = a.server_time()
+    number = slot_number(now, LONG)
+    to_boundary = (number + 1) * LONG - now
+    if not 300 < to_boundary < LONG - 300:
+        pytest.skip("within 5 minutes of a 30-day boundary")
+    still_open = Slot(number, marker_ttl(LONG), LONG, lead=to_boundary - 120)  # the next opens in 2 min
+    assert a.acquire(unique_key, "owner-a", 5, still_open).granted
+    assert still_open.number == number
+    assert a.release(unique_key, "owner-a")
+    next_open = Slot(number, marker_ttl(LONG), LONG, lead=to_boundary + 120)  # the next opened 2 min ago
+    assert b.acquire(unique_key, "owner-b", 5, next_open).granted
+    assert next_open.number == number + 1
+    assert b.release(unique_key, "owner-b")

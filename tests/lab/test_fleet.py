@@ -22,11 +22,11 @@ from rollout import (ansible_playbook, check_operator_commands, clock_inventory,
 
 pytestmark = pytest.mark.lab
 
-# A run takes the slot whose boundary is nearest its grant (slots.slot_number):
-# the timer's randomized delay and the runner's start must fit in half a slot.
-# With 5 s slots and a 1 s delay that left 1.5 s to start, and a CI run whose
-# starts took 2.1 s under load lost a slot to the next one. 10 s slots and a
-# 2 s delay leave 3 s.
+# A run takes the slot whose window holds its grant (slots.slot_number): the
+# window opens max_clock_skew before the boundary, so the timer's randomized
+# delay and the runner's start have the rest of the slot. 10 s slots, a 2 s
+# delay and a 0.3 s skew leave a runner 7.7 s to start (a CI run under load
+# once took 2.1 s).
 SLOT = 10  # seconds
 SLOTS = 12
 RANDOMIZED_DELAY = 2  # seconds: several nodes win slots

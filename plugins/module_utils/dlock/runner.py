@@ -17,7 +17,7 @@ from .backends import Slot, open_backend
 from .deadline import LeaseDeadline, now
 from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError, OutcomeUnknown
 from .owner import hostname, new_owner
-from .slots import boundary, marker_ttl, run_id, slot_number
+from .slots import boundary, marker_ttl, run_id, slot_lead, slot_number
 from .supervision import Supervisor
 from .validate import format_duration
 from .waiting import acquire as acquire_waiting
@@ -126,12 +126,15 @@ class Runner(object):
         once_per = self.options.once_per
         if self.settings.rerun is not None:
             # The slot named: the backend grants it only if it may be rerun (base.rerun_refusal).
-            return Slot(self.settings.rerun, marker_ttl(once_per), once_per, rerun=True)
+            return Slot(self.settings.rerun, marker_ttl(once_per), once_per, rerun=True, lead=self._slot_lead())
         if once_per:
             # An estimate: the backend decides the slot on its clock at grant time.
-            number = slot_number(time.time() + offset, once_per)
-            return Slot(number, marker_ttl(once_per), once_per)
+            number = slot_number(time.time() + offset, once_per, self._slot_lead())
+            return Slot(number, marker_ttl(once_per), once_per, lead=self._slot_lead())
         return None
+
+    def _slot_lead(self):
+        return slot_lead(self.options.once_per, self.options.max_clock_skew)
 
     def _acquire(self, backend, slot):
         """(grant, the boot-time clock when the granting request was sent), the

@@ -1,9 +1,18 @@
 """Once-per slots.
 
-A slot of width W is the window of width W centred on a boundary (multiples
-of W since the Unix epoch, UTC, on the backend's clock). Timers that fire on
-a boundary land in the same slot as long as randomized delay + clock skew
-stay below W/2, whichever side of the boundary each node's clock is on.
+Slot N of width W is the window [N*W - lead, (N+1)*W - lead) on the backend's
+clock: it opens `lead` before its boundary (N*W seconds since the Unix epoch,
+UTC) and closes `lead` before the next one. `lead` is the job's
+max_clock_skew, at most W/2 (slot_lead): a node whose clock is ahead fires
+for a boundary up to that early on the backend's clock, and the runner
+refuses a node further ahead. Everything that only delays a run (randomized
+delay, timer accuracy, a clock behind, the runner's start, a loaded node)
+then has the rest of the slot, W - lead, before the next slot's window opens.
+
+A window centred on the boundary (lead W/2) would give a late runner only W/2,
+after which it claimed the next slot, and would let a firing in the second
+half of a slot (a timer restarted mid-slot fires at once) run the next slot
+early, so that the nodes firing on its boundary found it done.
 """
 
 import math
@@ -16,14 +25,21 @@ import time
 SLOT_TRIES = 3
 
 
-def slot_number(server_now, width):
-    """Number of the slot holding `server_now`: the nearest boundary / width."""
-    return int(math.floor(server_now / width + 0.5))
+def slot_lead(width, max_clock_skew):
+    """How long before its boundary a slot's window opens (module docstring)."""
+    return min(width / 2.0, max_clock_skew)
+
+
+def slot_number(server_now, width, lead=0.0):
+    """Number of the slot whose window holds `server_now` (backend seconds).
+    The grant scripts and statements write the same rule: Redis's ACQUIRE,
+    PostgreSQL's CLAIM_SLOT and RERUN_SLOT."""
+    return int(math.floor((server_now + lead) / width))
 
 
 def marker_ttl(width):
-    """How long the slot marker lives: past the end of any window it can be
-    claimed from (a claim at the window's start needs W; half a slot spare)."""
+    """How long the slot marker lives: past the end of the window it can be
+    claimed in (a claim as the window opens needs W; half a slot spare)."""
     return 1.5 * width
 
 

@@ -5,7 +5,7 @@ import time
 
 from .. import validate
 from ..errors import ConfigError, DlockError
-from ..slots import marker_succeeded
+from ..slots import marker_succeeded, slot_number
 
 
 def validate_key(key, field="key"):
@@ -48,9 +48,10 @@ def grant_not_counted(error, undo):
 class Slot(object):
     """A once-per slot: its number and how long its marker must outlive the grant.
 
-    With a width (the runner's once_per), the slot is decided at grant time on
-    the backend's clock (slots.slot_number of the backend's "now", inside the
-    grant script or statement): `number` is only the caller's estimate until
+    With a width (the runner's once_per) and its lead (slots.slot_lead), the
+    slot is decided at grant time on the backend's clock (slots.slot_number
+    of the backend's "now", inside the grant script or statement, by
+    number_at here): `number` is only the caller's estimate until
     acquire() sets it to the slot actually claimed. A runner delayed between
     its estimate and the grant (stopped, paused, slow network) so can never
     claim a slot whose window has passed and whose marker may have expired.
@@ -61,13 +62,18 @@ class Slot(object):
     backend's atomic grant step: the marker then names the new owner, its
     expiry unchanged."""
 
-    def __init__(self, number, marker_ttl, width=None, rerun=False):
+    def __init__(self, number, marker_ttl, width=None, rerun=False, lead=0.0):
         if rerun and width is None:
             raise ValueError("a rerun's slot needs its width: whether it has begun is judged on it")
         self.number = number
         self.marker_ttl = marker_ttl
         self.width = width
         self.rerun = rerun
+        self.lead = lead
+
+    def number_at(self, server_now):
+        """The number of the slot open at `server_now` (backend seconds)."""
+        return slot_number(server_now, self.width, self.lead)
 
     def __repr__(self):
         return "Slot(%d)" % self.number

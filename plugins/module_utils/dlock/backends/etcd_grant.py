@@ -13,7 +13,7 @@ import json
 import time
 
 from ..errors import BackendError
-from ..slots import SLOT_TRIES, marker_owner, slot_number
+from ..slots import SLOT_TRIES, marker_owner
 from .base import Grant, LockView, rerun_refusal
 from .etcd_gateway import KV, answer_date, b64, first_kv, lease_seconds
 
@@ -30,8 +30,10 @@ def lock_view(gateway, key, held, last=None, fence=0):
 
 def _in_window(slot, answered):
     """Whether the slot's window was open at `answered`, the Date header of
-    the grant's answer: whole seconds, the start of the second it names."""
-    return (slot.number - 0.5) * slot.width < answered + 1 and answered < (slot.number + 0.5) * slot.width
+    the grant's answer: whole seconds, the start of the second it names
+    (slots.py: the window is [N*W - lead, (N+1)*W - lead))."""
+    opens = slot.number * slot.width - slot.lead
+    return opens < answered + 1 and answered < opens + slot.width
 
 
 class _Transaction(object):
@@ -99,12 +101,12 @@ class EtcdGrant(object):
             # Granted outside the slot's window on the member's clock (a delayed
             # grant): undo it (revoking the leases deletes both keys), ask again.
             txn.revoke(self.gateway)
-            slot.number = slot_number(answered + 0.5, slot.width)
+            slot.number = slot.number_at(answered + 0.5)
             return None
         if answer.get("succeeded"):
             self.leases[(key, owner)] = txn.lease
             return Grant("granted", fence=revision)  # the lock key's create_revision
-        return self._refused(key, owner, slot, txn, answer, revision)
+        return self._refused(key, owner, slot, txn, answer, revision, answered)
 
     def _rerun_marker(self, key, slot):
         """The marker a rerun of slot may replace, or the refusal (a Grant):
@@ -120,7 +122,7 @@ class EtcdGrant(object):
         except ValueError as exc:
             raise BackendError("etcd: unreadable answer to the read of a slot marker: %s" % exc)
         marker = KV(kvs[0]) if kvs else None
-        refusal = rerun_refusal(slot.number, slot_number(answered, slot.width), marker and marker.value)
+        refusal = rerun_refusal(slot.number, slot.number_at(answered), marker and marker.value)
         if refusal == "duplicate":
             return Grant(refusal, holder=LockView(key, owner=marker_owner(marker.value)))
         return Grant(refusal) if refusal else marker
@@ -165,7 +167,7 @@ class EtcdGrant(object):
             txn.revoke(self.gateway)
             raise
 
-    def _refused(self, key, owner, slot, txn, answer, revision):
+    def _refused(self, key, owner, slot, txn, answer, revision, answered):
         """The answer to a transaction whose compare failed: None to try again."""
         held = first_kv(answer["responses"][0])
         if held is not None and held.lease == txn.lease:
@@ -180,6 +182,11 @@ class EtcdGrant(object):
             if held is None and (marker_kv is None or marker_kv.mod_revision != txn.rerun_marker.mod_revision):
                 return None  # the marker changed since it was read: judge the rerun again
         elif marker_kv is not None:
+            if slot.width is not None and not _in_window(slot, answered):
+                # The marker of a slot that is over on the member's clock (an
+                # estimate made before its edge): ask for the member's slot.
+                slot.number = slot.number_at(answered + 0.5)
+                return None
             return Grant("duplicate", holder=LockView(key, owner=marker_owner(marker_kv.value)))
         if held is None:  # free, but others came first
             return Grant("locked", holder=LockView(key, queued=self.line.waiters(key), server_time=time.time()))

@@ -29,7 +29,7 @@ import time
 
 from ..errors import BackendError, ConfigError
 from ..safefile import read_regular, replace_file
-from ..slots import marker_owner, outcome_marker, slot_number
+from ..slots import marker_owner, outcome_marker
 from .base import Backend, Grant, LockView, rerun_refusal
 
 POLL = 0.01
@@ -155,8 +155,6 @@ class FileBackend(Backend):
         return {"backend": self.name, "member": {"endpoint": self.directory}, "cluster": None}
 
     def acquire(self, key, owner, ttl, slot=None):
-        if slot is not None and slot.width is not None and not slot.rerun:
-            slot.number = slot_number(time.time(), slot.width)  # this host's clock is the backend's
         try:
             # exist_ok: runners started together race to create it.
             os.makedirs(self.directory, 0o750, exist_ok=True)
@@ -175,6 +173,10 @@ class FileBackend(Backend):
         return grant
 
     def _grant(self, fd, key, owner, slot):
+        if slot is not None and slot.width is not None and not slot.rerun:
+            # This host's clock is the backend's; read again under the lock
+            # below, so a runner that waited for it claims the slot open then.
+            slot.number = slot.number_at(time.time())
         state = self._read_state(key)
         if slot is not None and not slot.rerun and state.get("slot") == slot.number:
             return Grant("duplicate", holder=self._holder(key, state, held=False))
@@ -183,6 +185,8 @@ class FileBackend(Backend):
         except (IOError, OSError):
             return Grant("locked", holder=self._holder(key, state, held=True))
         state = self._read_state(key)  # now under the lock
+        if slot is not None and slot.width is not None and not slot.rerun:
+            slot.number = slot.number_at(time.time())
         if slot is not None and slot.rerun:
             refusal = self._rerun_refusal(state, slot)
             if refusal == "duplicate":
@@ -209,7 +213,7 @@ class FileBackend(Backend):
         min_hold is 'locked' as for any grant."""
         now = time.time()
         marker = _marker(state, slot)
-        refusal = rerun_refusal(slot.number, slot_number(now, slot.width), marker[0] if marker else None)
+        refusal = rerun_refusal(slot.number, slot.number_at(now), marker[0] if marker else None)
         if refusal is None and (state.get("hold_until") or 0) > now:
             return "locked"
         return refusal

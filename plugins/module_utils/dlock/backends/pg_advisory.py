@@ -98,7 +98,7 @@ class PgAdvisoryBackend(PgBackend):
         """The grant's statements: the advisory lock, then the lease row and
         the slot claim in one transaction."""
         # A rerun is judged under the lock, in the transaction (_claim_slot).
-        if slot is not None and not slot.rerun and self._slot_owner(conn, key, slot):
+        if slot is not None and not slot.rerun and self._current_slot_owner(conn, key, slot):
             return self._refusal(conn, key, slot, "duplicate")
         if not conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_id(key),)).fetchone()[0]:
             return self._refusal(conn, key, slot, "locked")

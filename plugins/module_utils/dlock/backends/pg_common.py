@@ -159,22 +159,34 @@ ON CONFLICT (key) DO UPDATE
 RETURNING fence
 """
 
-# The slot claimed is decided here, on the server's clock (slots.py's
-# slot_number of clock_timestamp()), when a width is given: (slot, claimed).
+# slots.py's slot_number on the server's clock (the statements' parameters
+# width_ms and lead_ms): the one place the rule is written in SQL.
+SLOT_NOW = ("floor((extract(epoch FROM clock_timestamp()) * 1000 + %(lead_ms)s::bigint) "
+            "/ %(width_ms)s::bigint)::bigint")
+
+# The slot claimed is decided here, on the server's clock, when a width is
+# given (else the slot given is claimed): (slot, claimed).
 CLAIM_SLOT = """
-WITH s AS (SELECT COALESCE(floor(extract(epoch FROM clock_timestamp()) * 1000 / %(width_ms)s::bigint + 0.5)::bigint,
-                           %(slot)s::bigint) AS slot),
+WITH s AS (SELECT COALESCE(""" + SLOT_NOW + """, %(slot)s::bigint) AS slot),
      claim AS (INSERT INTO dlock_slot (key, slot, owner, expires_at)
                SELECT %(key)s, slot, %(owner)s, clock_timestamp() + %(marker_ms)s * interval '1 millisecond' FROM s
                ON CONFLICT DO NOTHING RETURNING 1)
 SELECT slot, EXISTS (SELECT 1 FROM claim) FROM s
 """
 
+# The server's slot now (as CLAIM_SLOT decides it) and its live marker's owner:
+# a grant that finds it taken is a duplicate before it takes any lock.
+CURRENT_SLOT_OWNER = """
+WITH s AS (SELECT COALESCE(""" + SLOT_NOW + """, %(slot)s::bigint) AS slot)
+SELECT slot, (SELECT owner FROM dlock_slot
+               WHERE key = %(key)s AND dlock_slot.slot = s.slot AND expires_at > clock_timestamp()) FROM s
+"""
+
 # A rerun of a slot (base.Slot.rerun): the server's slot now and the slot's
 # live marker, its row locked until the grant's transaction ends, so two
 # reruns of one slot serialise on it (the second then finds the lease taken).
 RERUN_SLOT = """
-SELECT floor(extract(epoch FROM clock_timestamp()) * 1000 / %(width_ms)s::bigint + 0.5)::bigint,
+SELECT """ + SLOT_NOW + """,
        (SELECT owner FROM dlock_slot
          WHERE key = %(key)s AND slot = %(slot)s AND expires_at > clock_timestamp() FOR UPDATE)
 """
@@ -268,6 +280,13 @@ def _lock_view(key, row):
     return LockView(key, owner=owner if live else None, fence=fence or None, acquired_at=acquired_at,
                     ttl_remaining=max(0.0, ttl_left) if (ttl_left is not None and live and owner) else None,
                     last=last, server_time=now)
+
+
+def _slot_params(key, slot):
+    """The parameters of the slot statements: the slot's width and lead in ms
+    (a width of None: the slot's number is taken as given)."""
+    width_ms = None if slot.width is None else lease_ms(slot.width, "once_per")
+    return {"key": key, "slot": slot.number, "width_ms": width_ms, "lead_ms": int(round(slot.lead * 1000))}
 
 
 class Refused(Exception):
@@ -412,6 +431,13 @@ class PgBackend(Backend):
         return Grant(status, holder=holder)
 
     @staticmethod
+    def _current_slot_owner(conn, key, slot):
+        """The owner of the live marker of the slot a grant would claim now,
+        or None; slot.number becomes that slot (a duplicate names it)."""
+        slot.number, owner = conn.execute(CURRENT_SLOT_OWNER, _slot_params(key, slot)).fetchone()
+        return owner
+
+    @staticmethod
     def _slot_owner(conn, key, slot):
         row = conn.execute(SLOT_OWNER, (key, slot.number)).fetchone()
         return row[0] if row else None
@@ -420,8 +446,8 @@ class PgBackend(Backend):
     def _claim_slot(conn, key, owner, slot):
         """True when the slot is ours; a Refused with rerun_refusal's answer
         for a rerun that may not be granted. Inside the grant's transaction."""
+        params = _slot_params(key, slot)
         if slot.rerun:
-            params = {"key": key, "slot": slot.number, "width_ms": lease_ms(slot.width, "once_per")}
             current, marker = conn.execute(RERUN_SLOT, params).fetchone()
             refusal = rerun_refusal(slot.number, current, marker)
             if refusal is not None:
@@ -429,9 +455,7 @@ class PgBackend(Backend):
             params.update(marker=owner, expected=marker)
             return conn.execute(SET_SLOT_OWNER, params).rowcount == 1
         conn.execute(PRUNE_SLOTS, (key,))
-        params = {"key": key, "owner": owner, "slot": slot.number,
-                  "marker_ms": lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION),
-                  "width_ms": None if slot.width is None else lease_ms(slot.width, "once_per")}
+        params.update(owner=owner, marker_ms=lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION))
         slot.number, claimed = conn.execute(CLAIM_SLOT, params).fetchone()
         return claimed
 

@@ -76,8 +76,9 @@ end
 # KEYS[5]: the grant's void marker (UNDO_GRANT). KEYS[6], the slot marker, is
 # passed only with once_per: an ACL limited to
 # ~dlock:* refuses any other key name, the empty one included. With ARGV[4]
-# (the slot width, ms) the slot must be the server's current one (slots.py's
-# slot_number on TIME), else the answer names it and the caller asks again.
+# and ARGV[8] (the slot's width and lead, ms) the slot must be the server's
+# current one (slots.py's slot_number on TIME), else the answer names it and
+# the caller asks again.
 # A free lock goes to the first live ticket in line, or to anyone when nobody
 # waits. ARGV[6] '1': a rerun of slot ARGV[5] (base.rerun_refusal's rule:
 # not in the future, a live marker that does not start with ARGV[7],
@@ -85,13 +86,13 @@ end
 ACQUIRE = _NOW + _QUEUE + """
 if redis.call('EXISTS', KEYS[5]) == 1 then return {'void'} end
 local rerun = KEYS[6] and ARGV[6] == '1'
+local current = ARGV[4] and math.floor((now + tonumber(ARGV[8])) / tonumber(ARGV[4]))
 if rerun then
-  if tonumber(ARGV[5]) > math.floor(now / tonumber(ARGV[4]) + 0.5) then return {'future'} end
+  if tonumber(ARGV[5]) > current then return {'future'} end
   local marker = redis.call('GET', KEYS[6])
   if not marker then return {'unknown'} end
   if string.sub(marker, 1, #ARGV[7]) == ARGV[7] then return {'duplicate', marker} end
 elseif KEYS[6] and ARGV[4] then
-  local current = math.floor(now / tonumber(ARGV[4]) + 0.5)
   if current ~= tonumber(ARGV[5]) then return {'moved', string.format('%d', current)} end
 end
 if KEYS[6] and not rerun and redis.call('EXISTS', KEYS[6]) == 1 then
@@ -335,9 +336,8 @@ class RedisBackend(Backend):
             keys.append(_slot_marker(key, slot))
             args[2] = lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION)
             if slot.width is not None:
-                args += [lease_ms(slot.width, "once_per"), slot.number]
-            if slot.rerun:
-                args += ["1", DONE]
+                args += [lease_ms(slot.width, "once_per"), slot.number, "1" if slot.rerun else "0", DONE,
+                         int(round(slot.lead * 1000))]
         return self._script(ACQUIRE, keys, args)
 
     def _undo_grant(self, key, owner, ttl, slot):

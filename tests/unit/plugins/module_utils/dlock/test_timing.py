@@ -4,7 +4,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.child import exit_status
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.deadline import LeaseDeadline
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import marker_ttl, run_id, slot_number
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import marker_ttl, run_id, slot_lead, slot_number
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.waiting import EXPIRY_SLACK, wake_after
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.waiting import acquire as waiting_acquire
 
@@ -25,17 +25,23 @@ def test_deadline_moves_only_forward():
     assert d.expires_at == 140.0
 
 
-@pytest.mark.parametrize("now,number", [
-    (3600.0, 1), (3600 + 1799.9, 1), (3600 + 1800.0, 2), (3600 - 1800.0, 1), (3600 - 1800.1, 0),
+@pytest.mark.parametrize("now,lead,number", [
+    (3600.0, 0.0, 1), (3600 + 3599.9, 0.0, 1), (7200.0, 0.0, 2), (3599.9, 0.0, 0),
+    (3600 - 2.0, 2.0, 1), (3600 - 2.1, 2.0, 0), (7200 - 2.1, 2.0, 1), (7200 - 2.0, 2.0, 2),
 ])
-def test_slot_is_the_nearest_boundary(now, number):
-    assert slot_number(now, 3600) == number
+def test_a_slot_opens_its_lead_before_its_boundary(now, lead, number):
+    assert slot_number(now, 3600, lead) == number
 
 
-def test_nodes_either_side_of_a_boundary_share_the_slot():
-    boundary = 1_800_000_000 - 1_800_000_000 % 60
-    fired = [boundary - 0.7, boundary, boundary + 12.3, boundary + 29.0]  # skew and randomized delay
-    assert len({slot_number(t, 60) for t in fired}) == 1
+@pytest.mark.parametrize("width,skew,lead", [(60, 2.0, 2.0), (3, 2.0, 1.5), (1, 0.0, 0.0)])
+def test_the_lead_is_the_skew_allowed_at_most_half_a_slot(width, skew, lead):
+    assert slot_lead(width, skew) == lead
+
+
+def test_a_runner_late_by_more_than_half_a_slot_still_claims_its_own():
+    # The window centred on the boundary gave a runner 2.5 s of a 5 s slot,
+    # then claimed the next slot for it (measured on the 20-node lab).
+    assert slot_number(1000.0 + 4.0, 5.0, slot_lead(5.0, 0.5)) == 200
 
 
 def test_slot_marker_outlives_the_window_and_run_id_is_stable():
