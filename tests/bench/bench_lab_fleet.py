@@ -16,9 +16,9 @@ timeline.
   as a whole period late), the slots with no run,
   and how many nodes lose each slot (their runners' skipped_duplicate and
   skipped_locked lines). "early": runs that started before their slot's
-  boundary: a runner that reached the backend more than half a period after
-  its timer fired (20 Python starts at once on 2 cores) claimed the next
-  slot, and its own slot counts as missed.
+  boundary: a runner that reached the backend more than a period less the
+  slot's lead (max_clock_skew) after its timer fired (20 Python starts at
+  once on 2 cores) claimed the next slot, and its own slot counts as missed.
 - handoff: an etcd member on the backend node (plain, for this bench only);
   --waiters job nodes each run a loop of --grants commands under one lock at
   once, each command writing its start and end time: `dlock run
