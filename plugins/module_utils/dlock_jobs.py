@@ -12,12 +12,13 @@ whose every file the runner role installs on the nodes."""
 from __future__ import annotations
 
 import datetime
+import math
 import re
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES, LockOptions
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import slot_lead
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import COARSE_CLOCK_SCHEMES, edge_uncertainty, slot_lead
 
 UNIT_KEYS = (
     "name", "command", "shell", "schedule", "randomized_delay", "accuracy", "persistent", "user", "group",
@@ -108,14 +109,16 @@ def _job_file(job, where, defaults, scheme):
     return content, lock_options
 
 
-def _check_slot_window(job, where, lock_options, defaults, schedule):
+def _check_slot_window(job, where, lock_options, defaults, schedule, scheme):
     """Every node that fires for one slot must claim it (slots.py): on the
     backend's clock a node is at most max_clock_skew early, which the slot's
     lead covers, and late by the skew, the timer's randomized delay and
-    accuracy; all of that after the firing's place in its slot, in any time
-    zone the node may be in (_slot_phases), must end before the next slot's
-    window opens, the lead before its boundary. The job's once_per, else the
-    runner's default one (lock_options has merged them, as the runner does)."""
+    accuracy, and the backend's own uncertainty at a window's edge
+    (slots.edge_uncertainty); all of that after the firing's place in its
+    slot, in any time zone the node may be in (_latest_phase), must end
+    before the next slot's window opens, the lead before its boundary. The
+    job's once_per, else the runner's default one (lock_options has merged
+    them, as the runner does)."""
     once_per = lock_options.once_per
     if once_per is None:
         return
@@ -127,43 +130,66 @@ def _check_slot_window(job, where, lock_options, defaults, schedule):
         else:  # the role's default, which the timer uses too
             timer[name] = validate.duration(defaults[name], default_name)
     skew = lock_options.max_clock_skew  # the job's, else the runner's default, else the engine's
-    phase, zone_bound = _latest_phase(schedule, once_per)
-    late = timer["randomized_delay"] + timer["accuracy"] + skew
+    phase, zone_bound = _latest_phase(schedule, once_per, "%s: schedule" % where)
+    edge = edge_uncertainty(scheme)
+    late = timer["randomized_delay"] + timer["accuracy"] + skew + edge
     if phase + late + slot_lead(once_per, skew) < once_per:
         return
     fired = ""
     if phase:
-        fired = "the schedule fires %s after a slot's boundary%s, and that + " % (
-            validate.format_duration(phase),
+        fired = "the schedule can fire %s after a slot's boundary%s, and that + " % (
+            _span(phase),
             " in some time zone (a zone's offset is a multiple of 15 minutes: name UTC in the schedule to fix it)"
             if zone_bound else "")
-    raise ConfigError("%s: %srandomized_delay (%s) + accuracy (%s) + 2 x max_clock_skew (%s) must stay below %s (%s), "
+    backend = ""
+    if edge:
+        backend = " + the backend's clock resolution (%s: %s, or the backend is not known)" % (
+            validate.format_duration(edge), "/".join(COARSE_CLOCK_SCHEMES))
+    raise ConfigError("%s: %srandomized_delay (%s) + accuracy (%s) + 2 x max_clock_skew (%s)%s must stay below %s (%s), "
                       "or nodes that fire for one slot could claim two and run twice; lower the delay or the accuracy, "
                       "or make once_per longer"
                       % (where, fired, validate.format_duration(timer["randomized_delay"]),
-                         validate.format_duration(timer["accuracy"]), validate.format_duration(skew), field,
+                         validate.format_duration(timer["accuracy"]), validate.format_duration(skew), backend, field,
                          validate.format_duration(once_per)))
+
+
+def _span(seconds):
+    """Whole seconds as days, hours, minutes and seconds: 6d23h45m, 59m59s."""
+    seconds, parts = int(seconds), []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            parts.append("%d%s" % (seconds // size, unit))
+            seconds %= size
+    return "".join(parts) or "0s"
 
 
 # Every time zone's offset from UTC is a multiple of 15 minutes.
 ZONE_STEP = 900
-UTC_ZONES = ("utc", "gmt", "etc/utc", "etc/gmt", "z")
+ANY_ZONE = tuple(range(0, 86400, ZONE_STEP))
+UTC_ZONES = ("utc", "gmt", "uct", "universal", "zulu", "etc/utc", "etc/gmt", "etc/uct", "etc/universal", "etc/zulu")
 
 
-def _latest_phase(schedule, width):
-    """(how far into its slot the schedule's latest firing falls, seconds;
-    whether that is so only in some time zone). Known where the width
-    divides a day and the firing times are known (schedule_firings); the
-    time zone matters unless the schedule names UTC or the width divides 15
-    minutes. Elsewhere (0, False): the firings are taken to be on the boundaries."""
-    firings = schedule_firings(schedule)
-    if firings is None or width != int(width) or 86400 % int(width):
-        return 0.0, False
+def _latest_phase(schedule, width, field):
+    """(the latest a firing of the schedule can fall after a slot's
+    boundary, seconds; whether that is so only in some time zone). A firing
+    at second s of a local day is at UTC day x 86400 + s - offset: over all
+    days its place in a slot of W seconds is (s - offset) mod g, g =
+    gcd(W, 1 day), plus any multiple of g below W (exactly (s - offset) mod
+    W where W divides a day). The days the date words allow are not used:
+    they only make the latest place less likely, never later. The offsets
+    are the zone's when the schedule names UTC, every multiple of 15 minutes
+    otherwise (the node's zone, or a zone this check does not look up)."""
+    firings = schedule_times(schedule)
+    if firings is None:
+        raise ConfigError("%s: %s: its firing times cannot be read here (hours, minutes and whole seconds as N, "
+                          "N..M, N/R or lists of them), so whether every node that fires for a once_per slot claims "
+                          "that slot cannot be checked; write the times so" % (field, validate.shown(schedule)))
     seconds, zone = firings
     width = int(width)
-    offsets = [0] if zone in UTC_ZONES or ZONE_STEP % width == 0 else range(0, 86400, ZONE_STEP)
-    here = max(second % width for second in seconds)
-    anywhere = max((second - offset) % width for second in seconds for offset in offsets)
+    step = math.gcd(width, 86400)
+    offsets = (0,) if zone in UTC_ZONES else ANY_ZONE
+    here = width - step + max(second % step for second in seconds)
+    anywhere = width - step + max((second - offset) % step for second in seconds for offset in offsets)
     return float(anywhere), anywhere > here
 
 
@@ -222,15 +248,19 @@ def _firing_days(weekdays, month_day):
     return found
 
 
-def schedule_firings(expression):
+def schedule_times(expression):
     """(the seconds of the day at which an OnCalendar expression fires, its
-    time zone in lower case or None: the node's own), or None where not
-    known from the expression alone (schedule_period's grammar)."""
+    time zone in lower case or None: the node's own), or None where the time
+    words cannot be read (schedule_period's grammar for them). The date
+    words (weekdays, days of the month, a year, ~) are not read."""
     words = _schedule_words(expression)
-    if _firing_dates(words) is None:
+    zone = None
+    if words and words[-1][:1].isalpha() and (len(words) > 1 or _weekdays(words[-1]) is None):
+        zone = words.pop().lower()
+    clock = [word for word in words if ":" in word]
+    if len(clock) > 1:
         return None
-    zone = words[-1].lower() if words and words[-1][:1].isalpha() else None
-    times = _firing_times(words)
+    times = _firing_times(clock)
     return None if times is None else (times, zone)
 
 
@@ -350,7 +380,7 @@ def _present(job, where, defaults, timer_defaults, scheme):
         "schedule": _schedule(job["schedule"], where),
         "file": content,
     }
-    _check_slot_window(job, where, lock_options, timer_defaults, entry["schedule"])
+    _check_slot_window(job, where, lock_options, timer_defaults, entry["schedule"], scheme)
     _check_period(job, where, lock_options, entry["schedule"])
     for name in ("randomized_delay", "accuracy"):
         if job.get(name) is not None:

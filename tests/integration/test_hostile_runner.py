@@ -65,6 +65,7 @@ CASES = [
     ("min_hold 31d", "flag:--min-hold", "31d", "min_hold: '31d' is above the maximum of 30d"),
     ("once_per below 1s", "flag:--once-per", "500ms", "once_per: '500ms' is below the minimum of 1s"),
     ("once_per NaN", "flag:--once-per", "NaN", "once_per: 'NaN' is not a duration"),
+    ("once_per not whole seconds", "flag:--once-per", "1500ms", "once_per: '1500ms' is not a whole number of seconds"),
     ("max_runtime zero", "flag:--max-runtime", "0", "max_runtime: '0' must be greater than 0"),
     ("max_runtime inf", "flag:--max-runtime", "inf", "max_runtime: 'inf' is not a duration"),
     ("max_clock_skew NaN", "flag:--max-clock-skew", "NaN", "max_clock_skew: 'NaN' is not a duration"),

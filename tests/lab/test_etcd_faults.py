@@ -44,9 +44,10 @@ TTL = 6.0
 # quiet machine, 0.6s on one that runs other labs beside). A job is killed
 # 0.5s after its SIGTERM: 1.5 + 3 + 0.5 + 0.12 (clock margin) < 6. etcd's
 # clock is read from the HTTP Date header (whole seconds): the check allows
-# for that itself. With the randomized delay it stays below half of
-# once_per, as slots require.
-JOB_SPEC = faults.job_spec(TTL, renew_every="1.5s", op_timeout="3s", kill_grace="500ms", max_clock_skew="500ms")
+# for that itself. The slot window (module_utils/dlock_jobs.py) then needs
+# delay 0.3 + accuracy 0.1 + 2 x skew + 1s (that Date header) below the 2s
+# slot: a skew of 250ms leaves 0.1s.
+JOB_SPEC = faults.job_spec(TTL, renew_every="1.5s", op_timeout="3s", kill_grace="500ms", max_clock_skew="250ms")
 NO_RESTART = "/run/systemd/system/etcd.service.d/" + FAULT_DROPIN
 SCENARIO = "etcd"
 # The scenario's members speak TLS only: etcdctl on a member checks them with its CA.

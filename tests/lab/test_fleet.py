@@ -25,8 +25,8 @@ pytestmark = pytest.mark.lab
 # A run takes the slot whose window holds its grant (slots.slot_number): the
 # window opens max_clock_skew before the boundary, so the timer's randomized
 # delay and the runner's start have the rest of the slot. 10 s slots, a 2 s
-# delay and a 0.3 s skew leave a runner 7.7 s to start (a CI run under load
-# once took 2.1 s).
+# delay, 0.1 s of accuracy and a 0.5 s skew (early and late) leave a runner
+# 6.9 s to start (a CI run under load once took 2.1 s).
 SLOT = 10  # seconds
 SLOTS = 12
 RANDOMIZED_DELAY = 2  # seconds: several nodes win slots

@@ -102,15 +102,20 @@ class Option(object):
 
 class DurationOption(Option):
     """A duration, in seconds: at least `minimum`, above 0 if `positive`, at
-    most validate.MAX_DURATION (30 days)."""
+    most validate.MAX_DURATION (30 days); a whole number of seconds if
+    `whole`."""
 
-    def __init__(self, name, minimum, positive, default, flag):
+    def __init__(self, name, minimum, positive, default, flag, whole=False):
         Option.__init__(self, name, self._parse, default, flag)
         self.minimum = minimum
         self.positive = positive
+        self.whole = whole
 
     def _parse(self, raw, field):
-        return validate.duration(raw, field, self.minimum, MAX_DURATION, self.positive)
+        seconds = validate.duration(raw, field, self.minimum, MAX_DURATION, self.positive)
+        if self.whole and seconds != int(seconds):
+            raise ConfigError("%s: %s is not a whole number of seconds" % (field, validate.shown(raw)))
+        return seconds
 
 
 def _contention(raw, field):
@@ -132,8 +137,10 @@ LOCK_OPTIONS = (
                    {"metavar": "DUR", "help": "with wait: give up after (default 5m)"}),
     DurationOption("min_hold", 0.0, False, 0.0,
                    {"metavar": "DUR", "help": "keep the lock at least this long after start"}),
+    # Whole seconds: slots start on whole seconds since the epoch, as their
+    # run ids (slots.boundary) and the backends' millisecond arithmetic say.
     DurationOption("once_per", 1.0, True, None,
-                   {"metavar": "DUR", "help": "run at most once per slot of this width"}),
+                   {"metavar": "DUR", "help": "run at most once per slot of this width (whole seconds)"}, whole=True),
     DurationOption("max_runtime", 0.0, True, None,
                    {"metavar": "DUR", "help": "terminate the job after this long"}),
     DurationOption("kill_grace", 0.0, False, lambda ttl: min(10.0, ttl / 5),

@@ -30,6 +30,17 @@ def slot_lead(width, max_clock_skew):
     return min(width / 2.0, max_clock_skew)
 
 
+# How far past a window's edge a backend may still grant the slot, by scheme:
+# etcd judges the window from the Date header of its answer, whole seconds
+# (etcd_grant._in_window); Redis and PostgreSQL compare on their clock to the
+# millisecond, the file backend on the host's. Not known: the most.
+COARSE_CLOCK_SCHEMES = ("etcd", "etcd+https")
+
+
+def edge_uncertainty(scheme):
+    return 1.0 if scheme is None or scheme in COARSE_CLOCK_SCHEMES else 0.0
+
+
 def slot_number(server_now, width, lead=0.0):
     """Number of the slot whose window holds `server_now` (backend seconds).
     The grant scripts and statements write the same rule: Redis's ACQUIRE,

@@ -40,17 +40,26 @@ def test_absent_job_needs_only_a_name():
     ([dict(GOOD, schedule="*/5 * * * 1-5")], "'*/5 * * * 1-5' is a cron line"),
     ([dict(GOOD, schedule=["daily"])], "schedule: ['daily'] must be a string"),
     ([dict(GOOD, ttl="10s", renew_every="9s")], "must be below ttl (10s)"),
-    ([dict(GOOD, schedule="*:*:0/5", once_per="5s", randomized_delay="3s", max_clock_skew="500ms")],
-     "randomized_delay (3s) + accuracy (1s) + 2 x max_clock_skew (500ms) must stay below once_per (5s)"),
-    ([dict(GOOD, schedule="*:*:0/5", once_per="5s", accuracy="4s", max_clock_skew="500ms")],
-     "randomized_delay (0ms) + accuracy (4s) + 2 x max_clock_skew (500ms) must stay below once_per (5s)"),
+    # the slot window, with no backend named: the strictest rule (a second for etcd's Date header)
+    ([dict(GOOD, schedule="*:*:0/5", once_per="5s", randomized_delay="2s", max_clock_skew="500ms")],
+     "randomized_delay (2s) + accuracy (1s) + 2 x max_clock_skew (500ms) + the backend's clock resolution (1s: "
+     "etcd/etcd+https, or the backend is not known) must stay below once_per (5s), or nodes that fire for one slot "
+     "could claim two and run twice"),
     # a firing late in its slot leaves less of it: *:59:59 is one second before the next slot
-    ([dict(GOOD, schedule="*:59:59")], "(report): the schedule fires 3599s after a slot's boundary, and that + "
-                                       "randomized_delay (0ms) + accuracy (1s) + 2 x max_clock_skew (2s) must stay "
-                                       "below once_per (1h)"),
+    ([dict(GOOD, schedule="*:59:59 UTC")], "(report): the schedule can fire 59m59s after a slot's boundary, and that "
+                                           "+ randomized_delay (0ms) + accuracy (1s) + 2 x max_clock_skew (2s)"),
     # a time zone a quarter of an hour off UTC puts a firing on the hour 45 minutes into an hourly slot
-    ([dict(GOOD, randomized_delay="15m")], "the schedule fires 45m after a slot's boundary in some time zone (a "
+    ([dict(GOOD, randomized_delay="15m")], "the schedule can fire 45m after a slot's boundary in some time zone (a "
                                            "zone's offset is a multiple of 15 minutes: name UTC in the schedule"),
+    # a slot that does not divide a day: firings every 10 minutes step through a 7-minute slot
+    ([dict(GOOD, once_per="7m", schedule="*:0/10 UTC", randomized_delay="1m")],
+     "the schedule can fire 6m after a slot's boundary"),
+    # a weekly slot starts on a Thursday (1970-01-01): Monday 00:00 in some zone is late on a Sunday
+    ([dict(GOOD, once_per="7d", schedule="Mon 00:00", randomized_delay="1h")],
+     "the schedule can fire 6d23h45m after a slot's boundary in some time zone"),
+    # times that cannot be read: the window cannot be checked
+    ([dict(GOOD, schedule="*:*:0/0.5", once_per="1h")], "its firing times cannot be read here"),
+    ([dict(GOOD, once_per="1.5s")], "(report): once_per: '1.5s' is not a whole number of seconds"),
     # once_per longer than the schedule's period: firings skipped silently
     ([dict(GOOD, once_per="1d")], "dlock_jobs_list[0] (report): once_per (1d) is longer than the period of its "
                                   "schedule 'hourly' (1h, the shortest time between two firings): it would run once "
@@ -110,40 +119,48 @@ def test_oncalendar_expressions_are_not_taken_for_cron(schedule):
     assert dlock_jobs([dict(GOOD, schedule=schedule, once_per=None)])[0]["schedule"] == schedule
 
 
-def test_once_per_from_the_runner_defaults_is_held_to_the_period_too():
-    with pytest.raises(AnsibleFilterError) as err:
-        dlock_jobs([dict(GOOD, once_per=None)], defaults={"once_per": "2h"})
-    assert "(report): once_per of dlock_runner_defaults (2h) is longer than the period of its schedule 'hourly'" \
-        in str(err.value)
-
-
 def test_once_per_from_the_runner_defaults_is_held_to_the_slot_window_too():
     """The runner takes once_per from its defaults when the job has none: the
     randomized delay must fit in that slot just the same."""
     job = dict(GOOD, schedule="*:0/1", once_per=None, randomized_delay="55s")
     with pytest.raises(AnsibleFilterError) as err:
-        dlock_jobs([job], defaults={"once_per": "1m"})
+        dlock_jobs([job], defaults={"once_per": "1m"}, backend_url=REDIS)
     assert "(report): randomized_delay (55s) + accuracy (1s) + 2 x max_clock_skew (2s) must stay below once_per of " \
         "dlock_runner_defaults (1m)" in str(err.value)
     assert dlock_jobs([dict(job, randomized_delay="50s")], defaults={"once_per": "1m"})[0]["state"] == "present"
 
 
-@pytest.mark.parametrize("job", [
-    dict(GOOD, schedule="*:00 UTC", randomized_delay="30m"),  # UTC named: the firing is on the boundary
-    dict(GOOD, schedule="*:30", randomized_delay="10m"),  # half a slot off the boundary is safe
-    dict(GOOD, schedule="*:*:0/5", once_per="5s", randomized_delay="2s", max_clock_skew="500ms"),
-    dict(GOOD, schedule="*:0/5", once_per="5m", randomized_delay="4m"),  # 5 minutes divide any zone's offset
-    dict(GOOD, schedule="*-*-* 03:00 UTC", once_per="1d", randomized_delay="2h"),
+REDIS = "redis://127.0.0.1:6379/0"
+
+
+@pytest.mark.parametrize("job, backend_url", [
+    (dict(GOOD, schedule="*:00 UTC", randomized_delay="30m"), ""),  # UTC named: the firing is on the boundary
+    (dict(GOOD, schedule="*:30", randomized_delay="10m"), ""),  # half a slot off the boundary is safe
+    (dict(GOOD, schedule="*:*:0/5", once_per="5s", randomized_delay="2s", max_clock_skew="500ms"), REDIS),
+    (dict(GOOD, schedule="*:*:0/5", once_per="5s", randomized_delay="1s", max_clock_skew="500ms"), "etcd://e1:2379"),
+    (dict(GOOD, schedule="*:0/5", once_per="5m", randomized_delay="4m"), ""),  # 5 minutes divide any zone's offset
+    (dict(GOOD, schedule="*-*-* 03:00 UTC", once_per="1d", randomized_delay="2h"), ""),
+    (dict(GOOD, schedule="Thu 12:00 UTC", once_per="7d", randomized_delay="6h"), ""),  # mid-slot: weeks start Thursday
+    (dict(GOOD, schedule="*-*~01 03:00 UTC", once_per="1d", randomized_delay="1h"), ""),  # date words not read
 ])
-def test_firings_that_stay_in_their_slot_are_accepted(job):
-    assert dlock_jobs([job])[0]["state"] == "present"
+def test_firings_that_stay_in_their_slot_are_accepted(job, backend_url):
+    assert dlock_jobs([job], backend_url=backend_url)[0]["state"] == "present"
+
+
+def test_the_backends_clock_resolution_is_in_the_window():
+    """etcd judges a slot's window by whole seconds: a second less for the rest."""
+    job = dict(GOOD, schedule="*:*:0/5", once_per="5s", randomized_delay="2s", max_clock_skew="500ms")
+    assert dlock_jobs([job], backend_url=REDIS)[0]["state"] == "present"
+    with pytest.raises(AnsibleFilterError) as err:
+        dlock_jobs([job], backend_url="etcd://e1:2379")
+    assert "+ the backend's clock resolution (1s: etcd/etcd+https, or the backend is not known)" in str(err.value)
 
 
 @pytest.mark.parametrize("schedule, once_per", [
     ("hourly", "1h"), ("*:0/5", "5m"), ("daily", "1d"), ("*-*-* 02:00:00 Europe/Berlin", "1d"), ("weekly", "7d"),
     ("Mon..Fri 09:00", "1d"), ("Sat,Sun 10:00", "1d"), ("*:*:0/10", "10s"), ("monthly", "28d"),
     # period not known from the expression: not checked (systemd-analyze judges the expression on the node)
-    ("2026-12-01 00:00:00", "30d"), ("*-02~03", "30d"), ("*:*:0/0.5", "30d"),
+    ("2026-12-01 00:00:00", "30d"), ("*-02~03", "30d"),
 ])
 def test_once_per_up_to_the_period_or_an_unknown_period_passes(schedule, once_per):
     assert dlock_jobs([dict(GOOD, schedule=schedule, once_per=once_per)])[0]["file"]["once_per"] == once_per
