@@ -2,6 +2,7 @@
 
 # Exit codes of `dlock run`: a contract with the timers and alerts that read
 # them (the README's "Exit codes" table lists them for operators).
+EXIT_PAUSED = 72
 EXIT_LOCKED = 73
 EXIT_DUPLICATE = 74
 EXIT_BACKEND = 75

@@ -9,13 +9,15 @@ clock_margin().
 """
 
 from . import validate
-from .errors import EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, EXIT_DUPLICATE, EXIT_LOCK_LOST, EXIT_LOCKED, ConfigError
+from .errors import (EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, EXIT_DUPLICATE, EXIT_LOCK_LOST, EXIT_LOCKED, EXIT_PAUSED,
+                     ConfigError)
 from .validate import MAX_DURATION, format_duration
 
 # Names of the overridable exit codes (job option `exit_codes`).
 DEFAULT_EXIT_CODES = {
     "locked": EXIT_LOCKED,
     "duplicate": EXIT_DUPLICATE,
+    "paused": EXIT_PAUSED,
     "backend_error": EXIT_BACKEND,
     "lock_lost": EXIT_LOCK_LOST,
     "clock_unsafe": EXIT_CLOCK,

@@ -43,8 +43,8 @@ METRICS = (
     ("dlock_lease_overrun_seconds", "gauge",
      "How far past its lease's earliest expiry the last run's job ran unsupervised (runner stopped or paused); 0: not at all."),
 )
-RESULTS = ("success", "failed", "skipped_locked", "skipped_duplicate", "lock_lost", "backend_error", "clock_unsafe",
-           "rerun_refused")
+RESULTS = ("success", "failed", "skipped_locked", "skipped_duplicate", "skipped_paused", "lock_lost", "backend_error",
+           "clock_unsafe", "rerun_refused")
 # The release's outcome (Runner._release), the log line's `release`:
 # released, not_ours (the backend answered: the lease was no longer ours),
 # or one the backend did not confirm, which is counted.

@@ -13,7 +13,7 @@ watch); RunReport, what the run tells (the log line and the metrics).
 import time
 
 from . import clock, report
-from .backends import Slot, open_backend
+from .backends import Slot, open_backend, pause_scopes
 from .deadline import LeaseDeadline, now
 from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError, OutcomeUnknown
 from .owner import hostname, new_owner
@@ -25,9 +25,10 @@ from .waiting import acquire as acquire_waiting
 
 def acquire(backend, key, owner, options, slot):
     """(grant, attempts, deadline.now() when the granting request was sent):
-    the boot-time clock the lease deadlines are judged on."""
+    the boot-time clock the lease deadlines are judged on. A pause of the
+    job's key, or of every key, refuses the grant (base.pause_scopes)."""
     wait = options.wait_timeout if options.on_contention == "wait" else 0
-    return acquire_waiting(backend, key, owner, options.ttl, slot, wait, clock=now)
+    return acquire_waiting(backend, key, owner, options.ttl, slot, wait, clock=now, pauses=pause_scopes(key))
 
 
 class RunReport(object):
@@ -153,6 +154,11 @@ class Runner(object):
     def _not_granted(self, grant, slot):
         """(exit code, result) of a refused grant: held, slot done, or a refused rerun."""
         self.record["holder"] = grant.holder.owner if grant.holder else None
+        if grant.status == "paused":
+            pause = grant.pause
+            self.record.update(paused=pause.scope, pause_reason=pause.reason, paused_until=pause.until,
+                               paused_by=pause.by)
+            return self._exit("paused"), "skipped_paused"
         if slot is not None and slot.rerun and grant.status != "locked":
             return self._rerun_refused(grant.status, slot)
         if grant.status == "duplicate":

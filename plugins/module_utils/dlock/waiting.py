@@ -46,7 +46,7 @@ def wake_after(grant, remaining, refresh_in):
     return max(0.0, timeout)
 
 
-def acquire(backend, key, owner, ttl, slot, wait, clock=time.monotonic):
+def acquire(backend, key, owner, ttl, slot, wait, clock=time.monotonic, pauses=()):
     """(last Grant, attempts, clock time the last request was sent).
 
     Returns the first answer that is not "locked", or the last "locked" one
@@ -56,7 +56,7 @@ def acquire(backend, key, owner, ttl, slot, wait, clock=time.monotonic):
     started = clock()
     attempts = 1
     sent = clock()
-    grant = backend.acquire(key, owner, ttl, slot)
+    grant = backend.acquire(key, owner, ttl, slot, pauses)
     if grant.status != "locked" or wait <= 0 or _ours(grant, owner):
         return grant, attempts, sent
     queued, refresh_at = False, started
@@ -72,7 +72,7 @@ def acquire(backend, key, owner, ttl, slot, wait, clock=time.monotonic):
                 queued, refresh_at = True, clock() + TICKET_REFRESH
             attempts += 1
             sent = clock()
-            grant = backend.acquire(key, owner, ttl, slot)
+            grant = backend.acquire(key, owner, ttl, slot, pauses)
             if grant.status != "locked" or _ours(grant, owner):
                 return grant, attempts, sent
             now = clock()

@@ -1,5 +1,6 @@
 """What every backend offers, and the values it returns."""
 
+import json
 import math
 import time
 
@@ -133,18 +134,67 @@ class LockView(object):
 
 
 class Grant(object):
-    """Answer to an acquire: status is 'granted', 'locked' or 'duplicate'; a
-    rerun's also 'future' or 'unknown' (rerun_refusal). A duplicate's holder
-    names the owner of the slot's marker (slots.marker_owner)."""
+    """Answer to an acquire: status is 'granted', 'locked', 'duplicate' or
+    'paused'; a rerun's also 'future' or 'unknown' (rerun_refusal). A
+    duplicate's holder names the owner of the slot's marker
+    (slots.marker_owner); a paused one's `pause` is the Pause that refused it."""
 
-    def __init__(self, status, fence=None, holder=None):
+    def __init__(self, status, fence=None, holder=None, pause=None):
         self.status = status
         self.fence = fence
         self.holder = holder
+        self.pause = pause
 
     @property
     def granted(self):
         return self.status == "granted"
+
+
+# What a pause covers: one lock key ("job:KEY") or every lock ("all"). A
+# grant names the scopes that pause it (pause_scopes); the backend refuses it
+# inside the grant's atomic step while any of them has a live pause.
+ALL_SCOPE = "all"
+
+
+def job_scope(key):
+    return "job:" + key
+
+
+def pause_scopes(key):
+    """The scopes whose pause refuses a grant of `key`."""
+    return (job_scope(key), ALL_SCOPE)
+
+
+class Pause(object):
+    """A pause of grants as the backend holds it (docs/runner.md, Pausing):
+    its scope, why, until when and since when (backend epoch seconds, its
+    clock), and who set it. The backend stores the record as JSON
+    (as_record) and ends it at `until` by itself (an expiry on its clock)."""
+
+    def __init__(self, scope, reason, until, by, at):
+        self.scope = scope
+        self.reason = reason
+        self.until = until
+        self.by = by
+        self.at = at
+
+    def as_record(self):
+        return json.dumps({"reason": self.reason, "until": self.until, "by": self.by, "at": self.at},
+                          sort_keys=True)
+
+    @classmethod
+    def from_record(cls, scope, text):
+        """The Pause a stored record describes; an unreadable one still
+        pauses (it exists), with the reason saying so."""
+        try:
+            record = json.loads(text)
+            return cls(scope, str(record["reason"]), float(record["until"]), str(record["by"]),
+                       float(record["at"]))
+        except (ValueError, TypeError, KeyError):
+            return cls(scope, "(unreadable pause record)", None, None, None)
+
+    def as_dict(self):
+        return {"scope": self.scope, "reason": self.reason, "until": self.until, "by": self.by, "at": self.at}
 
 
 class Backend(object):
@@ -185,7 +235,23 @@ class Backend(object):
         sleeps the whole timeout."""
         time.sleep(max(0.0, timeout))
 
-    def acquire(self, key, owner, ttl, slot=None):
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
+        """The grant. `pauses`: scopes (pause_scopes) any live pause of which
+        refuses it, 'paused' with that Pause, checked in the grant's own
+        atomic step on the backend's clock."""
+        raise NotImplementedError
+
+    def pause(self, scope, reason, seconds, by):
+        """Pause every grant that names `scope` for `seconds` from now on the
+        backend's clock (a pause already there is replaced); the Pause stored."""
+        raise NotImplementedError
+
+    def resume(self, scope):
+        """End the pause of `scope` now; the Pause it ended, or None."""
+        raise NotImplementedError
+
+    def read_pauses(self, scopes):
+        """The live pauses of `scopes`, in their order (those without one left out)."""
         raise NotImplementedError
 
     def renew(self, key, owner, ttl):

@@ -49,8 +49,8 @@ class EpochBackend(object):
             view.fence = self.compose(view.fence, view.key)
         return view
 
-    def acquire(self, key, owner, ttl, slot=None):
-        grant = self._backend.acquire(key, owner, ttl, slot)
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
+        grant = self._backend.acquire(key, owner, ttl, slot, pauses)
         try:
             grant.fence = self.compose(grant.fence, key)
             self._view(grant.holder)

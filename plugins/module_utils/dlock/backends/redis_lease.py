@@ -25,7 +25,7 @@ import time
 from ..errors import AuthError, BackendError, MissingDriver, OutcomeUnknown
 from ..slots import DONE, SLOT_TRIES, marker_owner, outcome_marker
 from ..validate import MAX_DURATION
-from .base import Backend, Grant, LockView, endpoint, grant_not_counted, lease_ms
+from .base import ALL_SCOPE, Backend, Grant, LockView, Pause, endpoint, grant_not_counted, lease_ms
 
 try:
     import redis
@@ -78,25 +78,34 @@ end
 # ~dlock:* refuses any other key name, the empty one included. With ARGV[4]
 # and ARGV[8] (the slot's width and lead, ms) the slot must be the server's
 # current one (slots.py's slot_number on TIME), else the answer names it and
-# the caller asks again.
+# the caller asks again. The last ARGV counts the pause keys that end KEYS
+# (_pause_key): while any of them exists (they expire at their pause's end),
+# the grant is refused, 'paused' with that pause's record.
 # A free lock goes to the first live ticket in line, or to anyone when nobody
 # waits. ARGV[6] '1': a rerun of slot ARGV[5] (base.rerun_refusal's rule:
 # not in the future, a live marker that does not start with ARGV[7],
 # slots.DONE), which then sets the marker to its owner, its expiry kept.
 ACQUIRE = _NOW + _QUEUE + """
 if redis.call('EXISTS', KEYS[5]) == 1 then return {'void'} end
-local rerun = KEYS[6] and ARGV[6] == '1'
-local current = ARGV[4] and math.floor((now + tonumber(ARGV[8])) / tonumber(ARGV[4]))
+local pauses = tonumber(ARGV[#ARGV])
+for i = #KEYS - pauses + 1, #KEYS do
+  local pause = redis.call('GET', KEYS[i])
+  if pause then return {'paused', KEYS[i], pause} end
+end
+local marker = (#KEYS - pauses == 6) and KEYS[6] or nil
+local width = (#ARGV == 9) and tonumber(ARGV[4]) or nil
+local rerun = marker and ARGV[6] == '1'
+local current = width and math.floor((now + tonumber(ARGV[8])) / width)
 if rerun then
   if tonumber(ARGV[5]) > current then return {'future'} end
-  local marker = redis.call('GET', KEYS[6])
-  if not marker then return {'unknown'} end
-  if string.sub(marker, 1, #ARGV[7]) == ARGV[7] then return {'duplicate', marker} end
-elseif KEYS[6] and ARGV[4] then
+  local value = redis.call('GET', marker)
+  if not value then return {'unknown'} end
+  if string.sub(value, 1, #ARGV[7]) == ARGV[7] then return {'duplicate', value} end
+elseif marker and width then
   if current ~= tonumber(ARGV[5]) then return {'moved', string.format('%d', current)} end
 end
-if KEYS[6] and not rerun and redis.call('EXISTS', KEYS[6]) == 1 then
-  return {'duplicate', redis.call('GET', KEYS[6])}
+if marker and not rerun and redis.call('EXISTS', marker) == 1 then
+  return {'duplicate', redis.call('GET', marker)}
 end
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'acquired_ms')
 if lease[1] then
@@ -113,11 +122,23 @@ local fence = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, 'acquired_ms', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if rerun then
-  redis.call('SET', KEYS[6], ARGV[1], 'KEEPTTL')
-elseif KEYS[6] then
-  redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[3])
+  redis.call('SET', marker, ARGV[1], 'KEEPTTL')
+elseif marker then
+  redis.call('SET', marker, ARGV[1], 'PX', ARGV[3])
 end
 return {'granted', fence}
+"""
+
+# A pause (KEYS[1], _pause_key) written with its record (ARGV[1], JSON without
+# its times) for ARGV[2] ms on the server's clock: the record gets `at` and
+# `until` from TIME, and the key expires at `until`. Returns the record.
+PAUSE = _NOW + """
+local record = cjson.decode(ARGV[1])
+record['at'] = now / 1000
+record['until'] = (now + tonumber(ARGV[2])) / 1000
+local text = cjson.encode(record)
+redis.call('SET', KEYS[1], text, 'PX', ARGV[2])
+return text
 """
 
 # Undo a grant whose answer was lost (KEYS: lease, void marker, queue,
@@ -226,6 +247,14 @@ def _void(key, owner):
     return "dlock:{%s}:void:%s" % (key, owner)
 
 
+def _pause_key(scope):
+    """The key of a pause of `scope` (base.pause_scopes): a job's beside its
+    lock's keys, the fleet's under the ACL's ~dlock:* as well."""
+    if scope == ALL_SCOPE:
+        return "dlock:pause:all"
+    return "dlock:{%s}:pause" % scope[len("job:"):]
+
+
 def _slot_marker(key, slot):
     return "dlock:{%s}:slot:%d" % (key, slot.number)
 
@@ -300,10 +329,10 @@ class RedisBackend(Backend):
         seconds, micros = self._call(self.client.time)
         return seconds + micros / 1e6
 
-    def acquire(self, key, owner, ttl, slot=None):
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
         for _try in range(SLOT_TRIES):
             try:
-                reply = self._acquire(key, owner, ttl, slot)
+                reply = self._acquire(key, owner, ttl, slot, pauses)
             except NoAnswer as exc:
                 raise grant_not_counted(exc, lambda: self._undo_grant(key, owner, ttl, slot))
             if reply[0] != "moved":
@@ -317,6 +346,8 @@ class RedisBackend(Backend):
                                "grant of it until the ttl of the undone grant has passed" % (key, owner))
         if status == "granted":
             return Grant("granted", fence=int(reply[1]))
+        if status == "paused":
+            return Grant("paused", pause=Pause.from_record(self._scope_of(reply[1], pauses), reply[2]))
         if status == "duplicate":
             return Grant("duplicate", holder=LockView(key, owner=marker_owner(reply[1])))
         if status in ("future", "unknown"):  # a rerun refused
@@ -328,7 +359,7 @@ class RedisBackend(Backend):
             key, owner=owner_, fence=int(fence_), acquired_at=int(acquired_ms) / 1000.0,
             ttl_remaining=max(0, int(pttl)) / 1000.0, server_time=int(now_ms) / 1000.0))
 
-    def _acquire(self, key, owner, ttl, slot):
+    def _acquire(self, key, owner, ttl, slot, pauses):
         lease, fence, _last = _keys(key)
         queue, tickets, _channel = _queue(key)
         keys, args = [lease, fence, queue, tickets, _void(key, owner)], [owner, lease_ms(ttl), 0]
@@ -338,7 +369,30 @@ class RedisBackend(Backend):
             if slot.width is not None:
                 args += [lease_ms(slot.width, "once_per"), slot.number, "1" if slot.rerun else "0", DONE,
                          int(round(slot.lead * 1000))]
-        return self._script(ACQUIRE, keys, args)
+        keys += [_pause_key(scope) for scope in pauses]
+        return self._script(ACQUIRE, keys, args + [len(pauses)])
+
+    @staticmethod
+    def _scope_of(pause_key, scopes):
+        return next(scope for scope in scopes if _pause_key(scope) == pause_key)
+
+    # -- pauses ---------------------------------------------------------------
+
+    def pause(self, scope, reason, seconds, by):
+        record = json.dumps({"reason": reason, "by": by})
+        text = self._script(PAUSE, [_pause_key(scope)], [record, lease_ms(seconds, "pause")])
+        return Pause.from_record(scope, text)
+
+    def resume(self, scope):
+        pipe = self.client.pipeline(transaction=True)
+        pipe.get(_pause_key(scope))
+        pipe.delete(_pause_key(scope))
+        text, _deleted = self._call(pipe.execute)
+        return None if text is None else Pause.from_record(scope, text)
+
+    def read_pauses(self, scopes):
+        texts = self._call(self.client.mget, [_pause_key(scope) for scope in scopes])
+        return [Pause.from_record(scope, text) for scope, text in zip(scopes, texts) if text is not None]
 
     def _undo_grant(self, key, owner, ttl, slot):
         """UNDO_GRANT, tried UNDO_TRIES times while it gets no answer; True
