@@ -60,7 +60,7 @@ def test_a_failed_slot_is_rerun_once_then_refused(url, unique_key, tmp_path):
     # The slot is used up for the job's own runs...
     code, again = billing.run(0)
     if again.get("slot") != first["slot"]:
-        pytest.skip("crossed a slot edge (:30 past the hour) between the runs")
+        pytest.skip("crossed a slot edge (the hour, less its lead) between the runs")
     assert (code, again["result"]) == (74, "skipped_duplicate")
 
     # ...but not for a rerun, named by the whole run id, that fails once more...

@@ -1,5 +1,6 @@
-"""`dlock status | release | check-clock | metrics`: the commands other than
-`run`, imported only when one of them is used (cli.COMMANDS)."""
+"""`dlock status | release | pause | resume | check-clock | metrics`: the
+commands other than `run`, imported only when one of them is used
+(cli.COMMANDS)."""
 
 import json
 import os
@@ -8,7 +9,7 @@ import sys
 import time
 
 from . import clock, lockstate, report, validate
-from .backends import open_backend
+from .backends import ALL_SCOPE, job_scope, open_backend
 from .config import load_job_settings, load_settings
 from .errors import EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
 from .validate import format_duration
@@ -66,9 +67,12 @@ def _status_rows(settings, jobs):
         try:
             # One batch, not a round trip per lock (Backend.query_many).
             views = backend.query_many([key for _job, key in jobs])
-            for (job, _key), view in zip(jobs, views):
+            pauses = _pauses_by_scope(backend, [key for _job, key in jobs])
+            for (job, key), view in zip(jobs, views):
                 row = view.as_dict()
-                row["job"] = job
+                # The pause that refuses its grants: the job's own first, else the fleet's.
+                pause = pauses.get(job_scope(key)) or pauses.get(ALL_SCOPE)
+                row.update(job=job, paused=pause.as_dict() if pause else None)
                 rows.append(row)
         except BackendError as exc:
             rows, failure = None, exc
@@ -79,6 +83,19 @@ def _status_rows(settings, jobs):
     finally:
         backend.close()
     return rows, info, failure
+
+
+def _pauses_by_scope(backend, keys):
+    """{scope: Pause} of the live pauses of these keys and of every key, in one read."""
+    return dict((pause.scope, pause) for pause in backend.read_pauses([job_scope(key) for key in keys] + [ALL_SCOPE]))
+
+
+def _pause_cell(row):
+    pause = row.get("paused")
+    if not pause:
+        return "-"
+    return "until %s%s: %s" % (_utc(pause["until"]) if pause["until"] else "?",
+                               " (all)" if pause["scope"] == ALL_SCOPE else "", pause["reason"])
 
 
 def _member_text(member):
@@ -124,7 +141,7 @@ def status(args, flags):
             row["backend"] = info
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return outcome
-    table = [("JOB", "KEY", "HOLDER", "AGE", "TTL LEFT", "FENCE", "LAST RESULT")]
+    table = [("JOB", "KEY", "HOLDER", "AGE", "TTL LEFT", "FENCE", "LAST RESULT", "PAUSED")]
     for row in rows:
         last = row["last"] or {}
         table.append((
@@ -133,6 +150,7 @@ def status(args, flags):
             _ttl_cell(row),
             str(row["fence"]),
             "-" if not last else "%s (exit %s) on %s" % (last.get("result"), last.get("exit_code"), last.get("host")),
+            _pause_cell(row),
         ))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for r in table:
@@ -163,6 +181,58 @@ def release(args, flags):
                      "by": socket.gethostname()})
     sys.stdout.write("released %s (was held by %s, fence %s)\n"
                      % (settings.key, holder.owner or "nobody", holder.fence))
+    return 0
+
+
+def _pause_target(args, flags):
+    """(settings, the scope a pause or resume names: a job's key, or every key)."""
+    if args.all:
+        return load_settings(flags), ALL_SCOPE
+    settings = load_settings(flags, job=args.job)
+    return settings, job_scope(settings.key)
+
+
+def _operator():
+    """Who paused: the user (the one behind sudo, when there is one) at this host."""
+    import getpass
+    return "%s@%s" % (os.environ.get("SUDO_USER") or getpass.getuser(), socket.gethostname())
+
+
+def _utc(seconds):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def pause(args, flags):
+    validate.reason(args.reason)
+    settings, scope = _pause_target(args, flags)
+    backend = _open(settings)
+    try:
+        seconds = validate.pause_length(args.until, "--until", backend.server_time())
+        paused = backend.pause(scope, args.reason, seconds, _operator())
+    finally:
+        backend.close()
+    report.log_line({"job": settings.job, "scope": scope, "result": "paused", "reason": paused.reason,
+                     "until": paused.until, "by": paused.by})
+    sys.stdout.write("paused %s until %s (%s on the backend's clock), by %s: %s\n"
+                     % (scope, _utc(paused.until), format_duration(round(paused.until - paused.at)), paused.by,
+                        paused.reason))
+    return 0
+
+
+def resume(args, flags):
+    if args.reason is not None:
+        validate.reason(args.reason)
+    settings, scope = _pause_target(args, flags)
+    backend = _open(settings)
+    try:
+        ended = backend.resume(scope)
+    finally:
+        backend.close()
+    report.log_line({"job": settings.job, "scope": scope, "result": "resumed" if ended else "not_paused",
+                     "reason": args.reason, "by": _operator(),
+                     "pause_reason": ended.reason if ended else None})
+    sys.stdout.write("resumed %s (paused by %s: %s)\n" % (scope, ended.by, ended.reason) if ended
+                     else "%s was not paused\n" % scope)
     return 0
 
 

@@ -27,6 +27,9 @@ METRICS = (
     ("dlock_lock_state_last_run_timestamp_seconds", "gauge", "Unix time the last run of the job ended, on any node."),
     ("dlock_lock_state_last_exit_code", "gauge", "Exit code of the last run of the job, on any node."),
     ("dlock_job_schedule_period_seconds", "gauge", "Seconds between two runs of the job's timer."),
+    ("dlock_paused", "gauge", "1 while a pause of the job's lock, or of every lock, refuses its runs (dlock pause)."),
+    ("dlock_pause_until_timestamp_seconds", "gauge", "Unix time the pause that refuses the job's runs ends."),
+    ("dlock_pause_start_timestamp_seconds", "gauge", "Unix time the pause that refuses the job's runs was set."),
     ("dlock_job_file_invalid", "gauge",
      "1 for a job file this node's runner cannot load: the job does not run here (dlock status names why)."),
     ("dlock_lock_state_refresh_success", "gauge", "1 when the last lock-state refresh could query the backend."),
@@ -140,6 +143,11 @@ def families(rows, periods, clock, refreshed_at, backend=None, invalid_jobs=()):
             samples["dlock_lock_state_ttl_remaining_seconds"].append(
                 (labels, (row.get("ttl_remaining") or 0) if held else 0))
         samples["dlock_lock_state_fencing_token"].append((labels, row.get("fence") or 0))
+        pause = row.get("paused")
+        samples["dlock_paused"].append((labels, 1 if pause else 0))
+        if pause and pause.get("until") is not None:
+            samples["dlock_pause_until_timestamp_seconds"].append((labels, pause["until"]))
+            samples["dlock_pause_start_timestamp_seconds"].append((labels, pause["at"]))
         last = row.get("last") or {}
         if last.get("finished_at") is not None:
             samples["dlock_lock_state_last_run_timestamp_seconds"].append((labels, last["finished_at"]))

@@ -251,6 +251,33 @@ def reason(value, field="--reason"):
     return value
 
 
+def moment(value, field):
+    """Epoch seconds of a UTC moment written as 2026-11-27T05:00:00Z."""
+    match = _BOUNDARY.fullmatch(value) if isinstance(value, str) else None
+    if not match:
+        _fail(field, value, "is not a moment such as 2026-11-27T05:00:00Z (UTC)")
+    import datetime  # only a rerun and a pause read a date
+    try:
+        return datetime.datetime(*[int(part) for part in match.groups()], tzinfo=datetime.timezone.utc).timestamp()
+    except ValueError:  # no February 30, no 25:00
+        return _fail(field, value, "is not a valid date and time")
+
+
+def pause_length(value, field, now):
+    """How long a pause lasts, in seconds from `now` (the backend's clock,
+    epoch seconds): a duration (2h), or the moment it ends
+    (2026-11-27T05:00:00Z), at most 30 days ahead and in the future."""
+    text(value, field, 64)
+    if "T" in value:
+        seconds = moment(value, field) - now
+        if seconds <= 0:
+            _fail(field, value, "is not in the future on the backend's clock")
+        if seconds > MAX_DURATION:
+            _fail(field, value, "is more than %s ahead: a pause lasts at most that" % format_duration(MAX_DURATION))
+        return max(1.0, seconds)
+    return duration(value, field, 1.0, MAX_DURATION, positive=True)
+
+
 def rerun_slot(value, field, job, width):
     """The number of the slot `dlock run --rerun` names: its boundary as the
     run id writes it (2026-11-27T05:00:00Z), or the whole run id
@@ -262,17 +289,9 @@ def rerun_slot(value, field, job, width):
     name, at, stamp = value.rpartition("@")
     if at and name != job:
         _fail(field, value, "is a run id of another job (this is %s)" % job)
-    match = _BOUNDARY.fullmatch(stamp)
-    if not match:
+    if not _BOUNDARY.fullmatch(stamp):
         _fail(field, value, "is not a slot boundary such as 2026-11-27T05:00:00Z, or a run id %s@..." % job)
-    # Imported here, as ipaddress: only a rerun reads a date.
-    import datetime
-    parts = [int(part) for part in match.groups()]
-    try:
-        moment = datetime.datetime(*parts, tzinfo=datetime.timezone.utc)  # no February 30, no 25:00
-    except ValueError:
-        _fail(field, value, "is not a valid date and time")
-    seconds = moment.timestamp()
+    seconds = moment(stamp, field)
     number = int(round(seconds / width))
     if abs(number * width - seconds) > 1e-6:
         _fail(field, value, "is not a boundary of the job's once_per (%s): a slot's boundary is a multiple of "

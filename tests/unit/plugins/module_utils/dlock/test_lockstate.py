@@ -59,3 +59,14 @@ def test_a_timer_with_two_calendars_or_none_has_no_period(tmp_path, analyze_runs
     (tmp_path / "dlock-none.timer").write_text("[Timer]\nOnBootSec=5m\n")
     assert lockstate.schedule_periods(str(tmp_path), ["two", "none"]) == {}
     assert analyze_runs == []
+
+
+def test_a_paused_job_exports_its_pause_and_an_active_one_a_zero():
+    paused = {"job": "report", "key": "report", "held": False, "fence": 3, "last": None,
+              "paused": {"scope": "all", "reason": "drill", "until": 1800.0, "by": "ops@n1", "at": 600.0}}
+    active = {"job": "sync", "key": "sync", "held": False, "fence": 1, "last": None, "paused": None}
+    samples = dict((name, values) for name, _kind, _help, values
+                   in lockstate.families([paused, active], {}, None, 1000.0))
+    assert samples["dlock_paused"] == [({"job": "report", "key": "report"}, 1), ({"job": "sync", "key": "sync"}, 0)]
+    assert samples["dlock_pause_until_timestamp_seconds"] == [({"job": "report", "key": "report"}, 1800.0)]
+    assert samples["dlock_pause_start_timestamp_seconds"] == [({"job": "report", "key": "report"}, 600.0)]

@@ -1,0 +1,123 @@
+"""`dlock pause` and `dlock resume`, end to end through the runner: a paused
+job's runs exit 72 (skipped_paused) without starting the job, the log line
+says which pause refused it and why, the backend ends the pause at --until
+by itself, and bad values are refused before anything is written."""
+
+import json
+import os
+import sys
+import time
+
+import pytest
+from runner_proc import last_log, run_dlock, wait_for
+from servers import url_of
+
+REASON = "INC-4211: storage migration"
+
+
+@pytest.fixture(params=["redis"])
+def url(request, tmp_path):
+    return url_of(request, request.param, tmp_path)
+
+
+class Fleet(object):
+    """One job's `dlock run`, and the operator's commands, on one backend."""
+
+    def __init__(self, url, key, ledger):
+        self.url, self.key, self.ledger = url, key, ledger
+
+    def run(self):
+        """(exit code, log line) of one run of a job that appends a line to the ledger."""
+        script = "import sys; open(sys.argv[1], 'a').write('ran\\n')"
+        done = run_dlock("run", "--job", "billing", "--key", self.key, "--backend", self.url, "--",
+                         sys.executable, "-c", script, self.ledger)
+        return done.returncode, last_log(done.stderr)
+
+    def ran(self):
+        return open(self.ledger).read().count("ran") if os.path.exists(self.ledger) else 0
+
+    def command(self, *args):
+        return run_dlock(*(args + ("--backend", self.url)))
+
+
+@pytest.fixture
+def fleet(url, unique_key, tmp_path):
+    return Fleet(url, unique_key, str(tmp_path / "ledger"))
+
+
+def test_a_paused_job_is_refused_until_resumed(fleet):
+    done = fleet.command("pause", "--key", fleet.key, "--reason", REASON, "--until", "1h")
+    assert done.returncode == 0, done.stderr
+    assert "paused job:%s until " % fleet.key in done.stdout and REASON in done.stdout
+    code, record = fleet.run()
+    assert (code, record["result"]) == (72, "skipped_paused")
+    assert record["paused"] == "job:" + fleet.key and record["pause_reason"] == REASON
+    assert "@" in record["paused_by"] and 3500 < record["paused_until"] - time.time() <= 3600
+    assert record.get("fence") is None and fleet.ran() == 0
+    status = fleet.command("status", "--key", fleet.key, "--json")
+    assert status.returncode == 0, status.stderr
+    shown = json.loads(status.stdout)[0]["paused"]
+    assert (shown["scope"], shown["reason"], shown["until"]) == ("job:" + fleet.key, REASON, record["paused_until"])
+    assert "until " in fleet.command("status", "--key", fleet.key).stdout
+
+    done = fleet.command("resume", "--key", fleet.key, "--reason", "migration done")
+    assert done.returncode == 0 and "resumed job:%s" % fleet.key in done.stdout, done.stderr
+    code, record = fleet.run()
+    assert (code, record["result"]) == (0, "success") and fleet.ran() == 1
+    assert "was not paused" in fleet.command("resume", "--key", fleet.key).stdout
+
+
+def test_a_pause_of_every_lock_refuses_this_one_too(fleet):
+    done = fleet.command("pause", "--all", "--reason", REASON, "--until", "1h")
+    assert done.returncode == 0, done.stderr
+    try:
+        code, record = fleet.run()
+        assert (code, record["result"], record["paused"]) == (72, "skipped_paused", "all")
+    finally:
+        assert fleet.command("resume", "--all").returncode == 0
+    assert fleet.run()[0] == 0
+
+
+def test_a_pause_ends_by_itself_at_its_end(fleet):
+    assert fleet.command("pause", "--key", fleet.key, "--reason", REASON, "--until", "2s").returncode == 0
+    assert fleet.run()[0] == 72
+    wait_for(lambda: fleet.run()[0] == 0, 15, "the pause to end at --until")
+    assert fleet.ran() == 1
+
+
+@pytest.mark.parametrize("until, message", [
+    ("NaN", "--until: 'NaN' is not a duration"),
+    ("1e308", "--until: '1e308' is not a duration"),
+    ("31d", "--until: '31d' is above the maximum of 30d"),
+    ("-5m", "--until: '-5m' is not a duration"),
+    ("0", "--until: '0' must be greater than 0"),
+    ("500ms", "--until: '500ms' is below the minimum of 1s"),
+    ("2020-01-01T00:00:00Z", "is not in the future on the backend's clock"),
+    ("2999-01-01T00:00:00Z", "is more than 30d ahead: a pause lasts at most that"),
+    ("2026-02-30T00:00:00Z", "is not a valid date and time"),
+    ("tomorrow", "is not a duration"),
+])
+def test_a_bad_end_is_refused_and_nothing_is_paused(fleet, until, message):
+    done = fleet.command("pause", "--key", fleet.key, "--reason", REASON, "--until=" + until)
+    assert done.returncode == 78 and message in done.stderr, done.stderr
+    assert fleet.run()[0] == 0
+
+
+@pytest.mark.parametrize("reason, message", [
+    ("line\nbreak", "--reason"), ("nul\x00byte", "--reason"), ("   ", "--reason: must say why"),
+])
+def test_a_bad_reason_is_refused(fleet, reason, message):
+    try:
+        done = fleet.command("pause", "--key", fleet.key, "--reason", reason, "--until", "1h")
+    except ValueError:  # a NUL cannot even reach an argv: nothing was paused
+        done = None
+    if done is not None:
+        assert done.returncode == 78 and message in done.stderr, done.stderr
+    assert fleet.run()[0] == 0
+
+
+def test_the_scope_is_required_and_single(fleet):
+    done = fleet.command("pause", "--reason", REASON, "--until", "1h")
+    assert done.returncode == 78 and "one of the arguments --job --key --all is required" in done.stderr
+    done = fleet.command("pause", "--all", "--key", fleet.key, "--reason", REASON, "--until", "1h")
+    assert done.returncode == 78 and "not allowed with" in done.stderr
