@@ -188,7 +188,7 @@ class Counter(object):
     def __init__(self, counter):
         self.counter = counter
 
-    def acquire(self, key, owner, ttl, slot=None):
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
         return Grant("granted", self.counter)
 
 

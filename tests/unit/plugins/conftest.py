@@ -33,7 +33,7 @@ class FakeBackend(Backend):
     def server_time(self):
         return self.now
 
-    def acquire(self, key, owner, ttl, slot=None):
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
         self.calls.append(("acquire", key, owner))
         if self._live(key) is not None:
             return Grant("locked", holder=self.query(key))

@@ -19,7 +19,7 @@ class Counter(object):
         self.counter = counter
         self.released = []
 
-    def acquire(self, key, owner, ttl, slot=None):
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
         return Grant("granted", self.counter, LockView(key, owner, self.counter))
 
     def query(self, key):

@@ -73,7 +73,7 @@ class _LineBackend(Backend):
     def __init__(self):
         self.calls = []
 
-    def acquire(self, key, owner, ttl, slot=None):
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
         self.calls.append("acquire")
         return Grant("locked", holder=LockView(key, owner="other", ttl_remaining=60.0))
 
