@@ -131,9 +131,8 @@ class FileBackend(Backend):
     def _pauses_locked(self, operation):
         """_pause.lock's flock (LOCK_SH: a grant, LOCK_EX: a pause) while the
         block runs. Each holds it for one write; one that holds it longer (a
-        process stopped meanwhile) is waited for PAUSES_WAIT at most. Opened
-        read-only: the jobs of other users take it too."""
-        fd = self._open_new(PAUSES, os.O_RDONLY)
+        process stopped meanwhile) is waited for PAUSES_WAIT at most."""
+        fd = self._open_pauses_lock()
         try:
             deadline = time.monotonic() + PAUSES_WAIT
             while True:
@@ -150,6 +149,18 @@ class FileBackend(Backend):
             yield
         finally:
             os.close(fd)
+
+    def _open_pauses_lock(self):
+        """_pause.lock, read-only: the jobs of every user of the directory take
+        it, so it is made readable by all where its maker's umask made it private."""
+        fd = self._open_new(PAUSES, os.O_RDONLY)
+        info = os.fstat(fd)
+        if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & 0o444 != 0o444:
+            try:
+                os.fchmod(fd, 0o644)
+            except OSError:
+                pass  # a read-only file system: the other users' grants say they cannot open it
+        return fd
 
     def _open_lock(self, key, flags):
         """KEY.lock, a regular file of the lock directory, opened without
