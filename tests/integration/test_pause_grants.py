@@ -19,7 +19,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.file_lo
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_common import LIVE_PAUSES
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import replace_file
-from runner_proc import wait_for
+from runner_proc import last_log, run_dlock, wait_for
 from servers import url_of
 
 LONG = 600.0  # a pause no test waits out
@@ -27,9 +27,13 @@ SHORT = 2.0  # one a test does wait out (etcd: a 2s lease, reaped up to a second
 
 
 @pytest.fixture(params=["redis", "postgresql", "postgresql+advisory", "etcd", "file"])
-def two_clients(request, tmp_path):
+def url(request, tmp_path):
+    return url_of(request, request.param, tmp_path)
+
+
+@pytest.fixture
+def two_clients(url):
     """A runner (a) and an operator (b) on one backend."""
-    url = url_of(request, request.param, tmp_path)
     a, b = open_backend(url), open_backend(url)
     yield a, b
     a.close()
@@ -39,6 +43,21 @@ def two_clients(request, tmp_path):
 def grant(backend, key, owner, slot=None):
     """The runner's grant: the scopes of its key's pauses named."""
     return backend.acquire(key, owner, 10, slot, pause_scopes(key))
+
+
+def test_a_paused_run_exits_72_and_says_why(url, unique_key, tmp_path):
+    """`dlock run` names its key's pauses in its grant (runner.acquire)."""
+    operator = open_backend(url)
+    try:
+        paused = operator.pause(job_scope(unique_key), "disk full on db-1", LONG, "ops")
+    finally:
+        operator.close()
+    marker = tmp_path / "ran"
+    run = run_dlock("run", "--job", "j", "--key", unique_key, "--backend", url, "--", "touch", str(marker))
+    log = last_log(run.stderr)
+    assert (run.returncode, log["result"]) == (72, "skipped_paused"), run.stderr
+    assert (log["paused"], log["pause_reason"], log["paused_by"]) == (paused.scope, paused.reason, paused.by)
+    assert log["paused_until"] == paused.until and not marker.exists()
 
 
 def test_a_pause_of_the_job_refuses_its_grant_with_the_pause(two_clients, unique_key):
