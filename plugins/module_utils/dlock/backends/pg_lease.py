@@ -27,6 +27,8 @@ class PgLeaseBackend(PgBackend):
                         # Free, yet refused: someone is in line (or the lock was
                         # freed meanwhile); the grant that follows the line decides.
                         fence = self._upsert(conn, key, owner, ttl_ms, pauses)
+                    if fence is None:
+                        raise Refused("locked")
                 else:
                     # One transaction: the slot claim is undone when the lease is busy.
                     # Concurrent claims of one slot serialise on its primary key
@@ -38,8 +40,8 @@ class PgLeaseBackend(PgBackend):
                         # The lean grant first (nobody in line), then the line's.
                         fence = (self._upsert(conn, key, owner, ttl_ms, pauses, UPSERT_LEASE_NO_LINE)
                                  or self._upsert(conn, key, owner, ttl_ms, pauses))
-                if fence is None:
-                    raise Refused("locked")
+                        if fence is None:
+                            raise Refused("locked")  # in the transaction: the claim is rolled back
             except Refused as refused:
                 return self._refusal(conn, key, slot, refused.status, refused.pause)
             return Grant("granted", fence=fence)
