@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from runner_proc import last_log, run_dlock, start_dlock
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend, pause_scopes
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, ConfigError
 
 import servers
@@ -133,6 +133,13 @@ def test_a_user_limited_to_the_prefix_works(etcd_auth, unique_key):
     assert a.release(unique_key, "a", last={"result": "success"})
     assert b.acquire(unique_key, "b", 10).granted
     assert abs(b.server_time() - time.time()) < 5
+    # Pausing (dlock pause and resume, with the runners' user) and a grant a pause refuses.
+    key, scopes = unique_key + "-paused", pause_scopes(unique_key + "-paused")
+    assert [b.pause(scope, "maintenance", 60, "ops").scope for scope in scopes] == list(scopes)
+    assert [pause.scope for pause in a.read_pauses(scopes)] == list(scopes)
+    assert a.acquire(key, "a", 10, None, scopes).status == "paused"
+    assert [b.resume(scope).scope for scope in scopes] == list(scopes)
+    assert a.acquire(key, "a", 10, None, scopes).granted
     # Outside its prefix the user may do nothing.
     outside = open_backend("etcd://dlock@127.0.0.1:%d/other" % etcd_auth.client_ports[0], password="Locker-Secret-1")
     with pytest.raises(AuthError) as err:

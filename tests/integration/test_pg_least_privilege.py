@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from ansible_cli import BIN, ansible_env, run_module
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend, pause_scopes
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_common import SCHEMA, SCHEMA_UPGRADES
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError
 
@@ -210,31 +210,53 @@ def test_the_engine_works_under_the_role(pg_server, provisioned, unique_key):
             assert b.acquire(key, "owner-b", 5).granted
             b.leave_queue(key, "owner-b")
             assert b.release(key, "owner-b")
+            # Pausing (dlock pause and resume, with the runners' role) and a grant a pause refuses.
+            scopes = pause_scopes(key)
+            assert [b.pause(scope, "maintenance", 60, "ops").scope for scope in scopes] == list(scopes)
+            assert [pause.scope for pause in a.read_pauses(scopes)] == list(scopes)
+            assert a.acquire(key, "owner-a", 5, None, scopes).status == "paused"
+            assert [b.resume(scope).scope for scope in scopes] == list(scopes)
+            assert a.acquire(key, "owner-a", 5, None, scopes).granted
         finally:
             a.close()
             b.close()
 
 
-def test_tables_of_an_earlier_version_are_brought_up_to_date(pg_server, provisioned, pg_role_spec, unique_key):
-    """The role adds the columns added since (check mode only says so); then
-    the engine under the role grants and waits in line."""
+PAUSE_GRANTS = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+
+@pytest.mark.parametrize("earlier, refusal, checked, made", [
+    ("ALTER TABLE dlock_lease DROP COLUMN line_until",
+     r"cannot bring up to date the lease tables \(must be owner of table dlock_lease\); upgrade them with the "
+     r"dlock_postgresql role",
+     ["add column line_until to dlock_lease"], ["add column line_until to dlock_lease"]),
+    # Provisioned before pauses: a runner cannot tell whether its job is paused.
+    ("DROP TABLE dlock_pause",
+     r"(?s)cannot create the lease tables .*; create them with the dlock_postgresql role",
+     ["create table dlock_pause", "grant %s on dlock_pause to {role}" % ", ".join(PAUSE_GRANTS)],
+     ["create table dlock_pause"] + ["grant %s on dlock_pause to {role}" % grant for grant in PAUSE_GRANTS]),
+])
+def test_tables_of_an_earlier_version_are_brought_up_to_date(
+        pg_server, provisioned, pg_role_spec, unique_key, earlier, refusal, checked, made):
+    """The role adds the columns and tables added since (check mode only says
+    so); then the engine under the role grants and waits in line."""
     name, _first = provisioned
-    pg_server.sql("ALTER TABLE dlock_lease DROP COLUMN line_until", db=name)
+    pg_server.sql(earlier, db=name)
     url = "postgresql://%s@127.0.0.1:%d/%s" % (name, pg_server.port, name)
     runner = open_backend(url, password=PASSWORD)
     try:
         # Before the role ran: the runner fails closed and names what to run.
-        with pytest.raises(BackendError, match=r"cannot bring up to date the lease tables \(must be owner "
-                                               r"of table dlock_lease\); upgrade them with the dlock_postgresql role"):
-            runner.acquire(unique_key, "owner-a", 5)
-        want = {"changed": True, "actions": ["add column line_until to dlock_lease"]}
-        assert provision(pg_server, name, pg_role_spec, check=True) == want
-        assert provision(pg_server, name, pg_role_spec) == want
+        with pytest.raises(BackendError, match=refusal):
+            runner.acquire(unique_key, "owner-a", 5, None, pause_scopes(unique_key))
+        assert provision(pg_server, name, pg_role_spec, check=True) == {
+            "changed": True, "actions": [action.format(role=name) for action in checked]}
+        assert provision(pg_server, name, pg_role_spec) == {
+            "changed": True, "actions": [action.format(role=name) for action in made]}
         assert provision(pg_server, name, pg_role_spec) == {"changed": False, "actions": []}
         runner.close()
         runner = open_backend(url, password=PASSWORD)
         runner.join_queue(unique_key, "owner-a", 3)
-        assert runner.acquire(unique_key, "owner-a", 5).granted
+        assert runner.acquire(unique_key, "owner-a", 5, None, pause_scopes(unique_key)).granted
         runner.leave_queue(unique_key, "owner-a")
         assert runner.release(unique_key, "owner-a")
     finally:

@@ -2,10 +2,11 @@
 tables large enough for a sequential scan to matter.
 
 Every statement the lease and advisory backends send (grant, renew,
-release, the line of waiters, slots, force release) is EXPLAINed against the
-real local PostgreSQL with its real parameters, on 20000 leases, 20000
-tickets and 20000 slot markers, and must reach its rows of dlock_lease,
-dlock_wait and dlock_slot by an index: no sequential scan of any of them.
+release, the line of waiters, slots, pauses, force release) is EXPLAINed
+against the real local PostgreSQL with its real parameters, on 20000 leases,
+20000 tickets, 20000 slot markers and 20000 pauses, and must reach its rows
+of dlock_lease, dlock_wait, dlock_slot and dlock_pause by an index: no
+sequential scan of any of them.
 A fleet's lock database holds one row per lock key and grows with the keys;
 a statement that reads a whole table would slow every grant as it grows.
 """
@@ -17,11 +18,12 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import pg_advisory, pg_common, pg_lease
 
 ROWS = 20000
-TABLES = ("dlock_lease", "dlock_wait", "dlock_slot")
+TABLES = ("dlock_lease", "dlock_wait", "dlock_slot", "dlock_pause")
 INDEX_NODES = ("Index Scan", "Index Only Scan", "Bitmap Heap Scan")
 
 KEY, OWNER = "k-777", "owner-777-0"
-GRANT = {"key": KEY, "owner": OWNER, "ttl_ms": 30000, "session": False}
+SCOPES = {"scopes": ["job:" + KEY, "all"]}
+GRANT = dict(SCOPES, key=KEY, owner=OWNER, ttl_ms=30000, session=False)
 RELEASE = {"key": KEY, "owner": OWNER, "min_hold_ms": 5000, "last": None}
 SLOT = {"key": KEY, "owner": OWNER, "slot": 5, "marker_ms": 60000, "width_ms": None, "lead_ms": 2000}
 STATEMENTS = {
@@ -49,6 +51,10 @@ STATEMENTS = {
     "set a slot's marker": (pg_common.SET_SLOT_OWNER, dict(SLOT, marker="done " + OWNER, expected=OWNER)),
     "lock the row": (pg_lease.LOCK_ROW, (KEY,)),
     "force release": (pg_common.FORCE_RELEASE, {"key": KEY}),
+    "a grant's pause": (pg_common.FIRST_PAUSE, SCOPES),
+    "read pauses": (pg_common.LIVE_PAUSES, SCOPES),
+    "pause": (pg_common.PAUSE, {"scope": "job:" + KEY, "reason": "r", "by": "b", "ms": 60000}),
+    "resume": (pg_common.RESUME, {"scope": "job:" + KEY}),
 }
 
 
@@ -73,7 +79,9 @@ def plans_db(pg_server):
         conn.execute("INSERT INTO dlock_slot (key, slot, owner, expires_at) "
                      "SELECT 'k-' || (n / 4), n %% 4, 'owner-' || n, now() + interval '1 hour' "
                      "FROM generate_series(1, %s) AS n", (ROWS,))
-        conn.execute("ANALYZE dlock_lease, dlock_wait, dlock_slot")
+        conn.execute("INSERT INTO dlock_pause (scope, record, until) "
+                     "SELECT 'job:k-' || n, '{}', now() + interval '1 hour' FROM generate_series(1, %s) AS n", (ROWS,))
+        conn.execute("ANALYZE dlock_lease, dlock_wait, dlock_slot, dlock_pause")
         counts = dict(conn.execute("SELECT relname, reltuples FROM pg_class WHERE relname = ANY(%s)",
                                    (list(TABLES),)).fetchall())
     assert all(counts[table] >= ROWS for table in TABLES), counts

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from redis.exceptions import NoPermissionError, ResponseError
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend, pause_scopes
 
 ROLE_VARS = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "dlock_redis", "vars", "main.yml")
 PASSWORD = "acl-test-password-0123"
@@ -63,6 +63,15 @@ def test_every_engine_call_passes_the_role_acl(acl_redis, unique_key):
     assert waiter.leave_queue(unique_key, "owner-x")
     assert backend.force_release(unique_key).owner == "owner-w"
     waiter.close()
+    # Pausing (dlock pause and resume, with the runners' user) and a grant a pause refuses.
+    key = unique_key + "-paused"
+    scopes = pause_scopes(key)
+    for scope in scopes:
+        assert backend.pause(scope, "maintenance", 60, "ops").scope == scope
+    assert [pause.scope for pause in backend.read_pauses(scopes)] == list(scopes)
+    assert backend.acquire(key, "owner-a", 5, None, scopes).status == "paused"
+    assert [backend.resume(scope).scope for scope in scopes] == list(scopes)
+    assert backend.acquire(key, "owner-a", 5, None, scopes).granted
     assert admin.execute_command("ACL", "LOG") == [], "the ACL refused a call the engine made"
 
 

@@ -109,6 +109,9 @@ def test_two_reruns_of_one_slot_one_holds_the_other_is_locked(clients, unique_ke
     assert rerun(b, unique_key, "owner-b", number).granted
     refused = rerun(c, unique_key, "owner-c", number)
     assert refused.status == "locked" and refused.holder.owner == "owner-b"
+    # The refused rerun took nothing: the marker still names b, whose success it records.
+    finish(b, unique_key, "owner-b", number, "success")
+    assert rerun(c, unique_key, "owner-c", number).status == "duplicate"
 
 
 def test_two_reruns_sent_together_exactly_one_is_granted(clients, unique_key):

@@ -12,13 +12,16 @@ key starts over as before any grant.
 import fcntl
 import json
 import os
+import pwd
+import shutil
 import stat
 import subprocess
+import tempfile
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend, pause_scopes
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError
 from runner_proc import last_log, run_dlock
 
@@ -64,6 +67,56 @@ def test_a_link_in_the_lock_directory_is_never_followed(tmp_path, name):
     assert not marker.exists()
     assert victim.read_text() == "precious\n"
     assert os.path.islink(str(locks / name))
+
+
+@pytest.mark.parametrize("name", ["_pause.lock", "all.pause", "job:k.pause"])
+@pytest.mark.parametrize("planted", ["a FIFO", "a link"])
+def test_a_fifo_or_a_link_at_a_pause_file_fails_the_run_at_once(tmp_path, name, planted):
+    """The pauses a grant reads (the key's, every key's) and the lock that
+    orders them with pauses: the run fails closed naming the file."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    if planted == "a FIFO":
+        os.mkfifo(str(locks / name))
+    else:
+        os.symlink(str(victim), str(locks / name))
+    marker = tmp_path / "ran"
+    run = dlock_run(locks, marker)
+    assert run.returncode == 75, run.stderr
+    error = last_log(run.stderr)["error"]
+    assert ("is not a regular file" if planted == "a FIFO" else "is a symbolic link") in error, error
+    assert str(locks / name) in error and not marker.exists() and victim.read_text() == "precious\n"
+
+
+def test_the_pause_lock_one_user_made_is_taken_by_anothers_grants(tmp_path):
+    """Every grant takes _pause.lock, whichever user made it: readable by
+    all even where its maker's umask would have kept it private."""
+    shared = tempfile.mkdtemp(prefix="dlock-shared-", dir="/tmp")  # tmp_path is root's alone
+    try:
+        os.chmod(shared, 0o1777)
+        old_umask = os.umask(0o077)
+        try:
+            backend = open_backend("file://%s" % shared)
+            assert backend.acquire("root-job", "owner-a", 5, None, pause_scopes("root-job")).granted
+            backend.close()
+        finally:
+            os.umask(old_umask)
+        child = os.fork()
+        if child == 0:  # a runner of another user, on a key of its own
+            code = 1
+            try:
+                nobody = pwd.getpwnam("nobody")
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                other = open_backend("file://%s" % shared)
+                code = 0 if other.acquire("its-job", "owner-b", 5, None, pause_scopes("its-job")).granted else 2
+            finally:
+                os._exit(code)
+        assert os.waitpid(child, 0)[1] == 0
+    finally:
+        shutil.rmtree(shared)
 
 
 def test_a_link_planted_at_the_old_temporary_name_is_not_written_through(tmp_path):
@@ -117,7 +170,7 @@ def test_a_failed_write_of_the_state_fails_closed_and_holds_nothing(immutable):
     finally:
         other.close()
     assert (immutable / "k.json").read_text() == before
-    assert sorted(os.listdir(str(immutable))) == ["k.json", "k.lock"]
+    assert sorted(os.listdir(str(immutable))) == ["_pause.lock", "k.json", "k.lock"]
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),

@@ -62,6 +62,15 @@ def test_a_delayed_grant_claims_the_backends_slot_not_its_stale_estimate(two_cli
     assert b.acquire(unique_key, "owner-c", 5, Slot(claimed, marker_ttl(WIDTH))).granted
 
 
+def test_a_grant_refused_as_locked_claims_no_slot(two_clients, unique_key):
+    a, b = two_clients
+    assert a.acquire(unique_key, "owner-a", 5).granted  # no once_per
+    slot = Slot(slot_number(b.server_time(), LONG), marker_ttl(LONG), LONG)
+    assert b.acquire(unique_key, "owner-b", 5, slot).status == "locked"
+    assert a.release(unique_key, "owner-a")
+    assert b.acquire(unique_key, "owner-b", 5, Slot(slot.number, marker_ttl(LONG), LONG)).granted
+
+
 def test_an_estimate_from_an_earlier_slot_is_still_a_duplicate_of_the_current_one(two_clients, unique_key):
     a, b = two_clients
     first = Slot(_slot(a), marker_ttl(WIDTH), WIDTH)

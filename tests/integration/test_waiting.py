@@ -268,7 +268,7 @@ def test_postgresql_lean_grant_reads_the_line_from_the_lease_row(pg_server, uniq
     expiry (the same value): it refuses while a ticket may be live, even after
     the ticket's owner left, and grants itself once the last expiry passed."""
     waiter = open_backend(pg_server.url())
-    params = {"key": unique_key, "owner": "late", "ttl_ms": 30000, "session": False}
+    params = {"key": unique_key, "owner": "late", "ttl_ms": 30000, "session": False, "scopes": []}
     line = "SELECT l.line_until, (SELECT max(expires_at) FROM dlock_wait w WHERE w.key = l.key) " \
            "FROM dlock_lease l WHERE l.key = %s"
     try:
@@ -280,9 +280,9 @@ def test_postgresql_lean_grant_reads_the_line_from_the_lease_row(pg_server, uniq
             assert line_until == ticket_expiry
             assert waiter.query(unique_key).fence is None  # the row a join made: no grant yet
             waiter.leave_queue(unique_key, "w")
-            assert conn.execute(pg_common.UPSERT_LEASE_NO_LINE, params).fetchone() is None
+            assert conn.execute(pg_common.UPSERT_LEASE_NO_LINE, params).fetchone() == (None, None, None)
             # The server's own clock, up to the line's end (an expiry is a moment: nothing to be told of).
             conn.execute("SELECT pg_sleep(extract(epoch FROM %s - clock_timestamp())::float8)", (line_until,))
-            assert conn.execute(pg_common.UPSERT_LEASE_NO_LINE, params).fetchone() == (1,)
+            assert conn.execute(pg_common.UPSERT_LEASE_NO_LINE, params).fetchone() == (1, None, None)
     finally:
         waiter.close()

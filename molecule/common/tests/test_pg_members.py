@@ -37,9 +37,11 @@ def test_the_role_has_least_privilege(host):
                        "FROM information_schema.role_table_grants WHERE grantee = 'dlock' GROUP BY 1 ORDER BY 1")
     # UPDATE on dlock_slot: a release records its run's outcome in the slot's
     # marker, and a rerun of a failed slot takes it over (dlock run --rerun).
-    assert grants == ("dlock_lease|INSERT,SELECT,UPDATE\ndlock_slot|DELETE,INSERT,SELECT,UPDATE\n"
-                      "dlock_wait|DELETE,INSERT,SELECT,UPDATE")
-    assert sql(host, "SELECT string_agg(tableowner, ',') FROM pg_tables WHERE tablename LIKE 'dlock_%'") == "postgres,postgres,postgres"
+    # dlock_pause: dlock pause writes it, with the runners' role.
+    assert grants == ("dlock_lease|INSERT,SELECT,UPDATE\ndlock_pause|DELETE,INSERT,SELECT,UPDATE\n"
+                      "dlock_slot|DELETE,INSERT,SELECT,UPDATE\ndlock_wait|DELETE,INSERT,SELECT,UPDATE")
+    assert sql(host, "SELECT string_agg(tableowner, ',') FROM pg_tables WHERE tablename LIKE 'dlock_%'") \
+        == "postgres,postgres,postgres,postgres"
 
 
 def test_the_password_is_stored_as_a_scram_verifier_of_it(host):

@@ -165,6 +165,23 @@ def pause_scopes(key):
     return (job_scope(key), ALL_SCOPE)
 
 
+def scope_key(scope):
+    """The lock key a job's scope names, None for ALL_SCOPE: what a backend
+    names a pause's key or file by. Anything else is refused (a scope
+    becomes a file name in the file backend's directory)."""
+    if scope == ALL_SCOPE:
+        return None
+    if isinstance(scope, str) and scope.startswith(job_scope("")):
+        return validate_key(scope[len(job_scope("")):], "pause scope")
+    raise ConfigError("pause scope: %s is neither %r nor job:KEY" % (validate.shown(scope), ALL_SCOPE))
+
+
+def pause_ms(seconds):
+    """A pause's length in whole milliseconds, the same bounds in every
+    backend (etcd then rounds it up to whole seconds)."""
+    return lease_ms(seconds, "pause")
+
+
 class Pause(object):
     """A pause of grants as the backend holds it (docs/runner.md, Pausing):
     its scope, why, until when and since when (backend epoch seconds, its

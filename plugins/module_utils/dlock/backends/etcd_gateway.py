@@ -258,10 +258,17 @@ class EtcdGateway(object):
         return KV(kvs[0]) if kvs else None
 
     def grant_lease(self, seconds):
-        answer = self.post("/lease/grant", {"TTL": seconds})
-        if answer.get("error"):
-            raise BackendError("etcd: cannot grant a lease: %s" % answer["error"])
-        return int(answer["ID"])
+        return _lease_id(self.post("/lease/grant", {"TTL": seconds}))
+
+    def grant_dated_lease(self, seconds):
+        """(lease id, its TTL as granted, the Date header of the answer: the
+        member's clock when it granted it, whole seconds)."""
+        response = self.post("/lease/grant", {"TTL": seconds}, stream=True)
+        try:
+            answer, date = response.json(), answer_date(response)
+        except ValueError as exc:
+            raise BackendError("etcd: unreadable answer to a lease grant: %s" % exc)
+        return _lease_id(answer), int(answer.get("TTL", seconds)), date
 
     def keepalive(self, lease):
         """Seconds the lease lasts from now; 0 when it expired or was revoked."""
@@ -352,6 +359,12 @@ class EtcdGateway(object):
         clients, self._clients = self._clients, None
         for client in clients or ():
             client.session.close()
+
+
+def _lease_id(answer):
+    if answer.get("error"):
+        raise BackendError("etcd: cannot grant a lease: %s" % answer["error"])
+    return int(answer["ID"])
 
 
 def answer_date(response):

@@ -1,7 +1,8 @@
 """The etcd grant: a lease grant, then one transaction that compares the lock
-key's create_revision with 0, the line (etcd_line.py) and, with once_per, the
-slot's marker, and puts the lock key on the lease, the fence key and the
-marker on a lease of its own.
+key's create_revision with 0, the line (etcd_line.py), with once_per the
+slot's marker, and the version of each pause key of the grant's scopes with
+0 (none is there: a pause's key goes with its lease at its end), and puts the
+lock key on the lease, the fence key and the marker on a lease of its own.
 
 Fencing token: the lock key's create_revision, the store's revision of the
 grant. etcd's revision only grows (across grants, leader changes and
@@ -14,7 +15,7 @@ import time
 
 from ..errors import BackendError
 from ..slots import SLOT_TRIES, marker_owner
-from .base import Grant, LockView, rerun_refusal
+from .base import Grant, LockView, Pause, rerun_refusal
 from .etcd_gateway import KV, answer_date, b64, first_kv, lease_seconds
 
 
@@ -46,6 +47,16 @@ class _Transaction(object):
         self.failure = failure
         self.marker_lease = None  # the new slot marker's own lease (once_per, not a rerun)
         self.rerun_marker = None  # the marker a rerun replaces, as read before (a KV)
+        self.scopes = ()  # the pauses compared, whose keys the failure reads last
+
+    def pause(self, answer):
+        """The pause that failed the transaction, the first of its scopes'; or None."""
+        responses = answer["responses"][len(self.failure) - len(self.scopes):]
+        for scope, response in zip(self.scopes, responses):
+            paused = first_kv(response)
+            if paused is not None:
+                return Pause.from_record(scope, paused.value)
+        return None
 
     def payload(self):
         return {"compare": self.compare, "success": self.success, "failure": self.failure}
@@ -68,7 +79,7 @@ class EtcdGrant(object):
         self.min_ttl = min_ttl
         self.leases = leases
 
-    def acquire(self, key, owner, ttl, slot=None):
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
         """The grant, with the once-per slot checked on the member's clock:
         an etcd transaction has no clock to compare with, so the slot comes
         from the runner's clock (checked against the member's by the clock
@@ -76,12 +87,12 @@ class EtcdGrant(object):
         transaction's own answer (whole seconds) says that slot's window was
         open then; otherwise it is revoked and asked again for the member's slot."""
         for _try in range(SLOT_TRIES):
-            grant = self._try(key, owner, ttl, slot)
+            grant = self._try(key, owner, ttl, slot, pauses)
             if grant is not None:
                 return grant
         raise BackendError("etcd: the slot kept moving during the grant of %s (once_per too short?)" % key)
 
-    def _try(self, key, owner, ttl, slot):
+    def _try(self, key, owner, ttl, slot, pauses):
         """A Grant, or None to try again (the slot moved, or a rerun's marker changed)."""
         if self.line.waits(key, owner):
             # A waiter: most of its tries are refused; a read says so without
@@ -94,7 +105,7 @@ class EtcdGrant(object):
             seen = self._rerun_marker(key, slot)
             if isinstance(seen, Grant):
                 return seen
-        txn = self._transaction(key, owner, ttl, slot, seen)
+        txn = self._transaction(key, owner, ttl, slot, seen, pauses)
         answer, answered = self._send(txn)
         revision = int(answer["header"]["revision"])
         if answer.get("succeeded") and txn.marker_lease and slot.width is not None and not _in_window(slot, answered):
@@ -127,7 +138,7 @@ class EtcdGrant(object):
             return Grant(refusal, holder=LockView(key, owner=marker_owner(marker.value)))
         return Grant(refusal) if refusal else marker
 
-    def _transaction(self, key, owner, ttl, slot, rerun_marker):
+    def _transaction(self, key, owner, ttl, slot, rerun_marker, pauses):
         """The lease, and the transaction that puts the lock key on it."""
         lock = b64(self.names.lock(key))
         lease = self.gateway.grant_lease(lease_seconds(ttl, "ttl", self.min_ttl))
@@ -152,6 +163,11 @@ class EtcdGrant(object):
             txn.compare.append({"key": marker, "target": "CREATE", "result": "EQUAL", "create_revision": 0})
             txn.success.append({"request_put": {"key": marker, "value": b64(owner), "lease": txn.marker_lease}})
             txn.failure.append({"request_range": {"key": marker}})
+        for scope in pauses:
+            name = b64(self.names.pause(scope))
+            txn.compare.append({"key": name, "target": "VERSION", "result": "EQUAL", "version": 0})
+            txn.failure.append({"request_range": {"key": name}})
+        txn.scopes = tuple(pauses)
         return txn
 
     def _send(self, txn):
@@ -177,6 +193,9 @@ class EtcdGrant(object):
             return Grant("granted", fence=held.create_revision)
         txn.revoke(self.gateway)
         self.line.saw_refused(key, revision)
+        pause = txn.pause(answer)
+        if pause is not None:
+            return Grant("paused", pause=pause)
         marker_kv = first_kv(answer["responses"][1]) if slot is not None else None
         if txn.rerun_marker is not None:
             if held is None and (marker_kv is None or marker_kv.mod_revision != txn.rerun_marker.mod_revision):

@@ -17,8 +17,8 @@ from ..options import BACKEND_MIN_TTL
 from ..safefile import require_regular
 from ..slots import outcome_marker
 from ..validate import backend_url
-from .base import Backend, lease_ms
-from .etcd_gateway import Etcd3Client, EtcdGateway, answer_date, b64, first_kv
+from .base import Backend, Pause, lease_ms, pause_ms
+from .etcd_gateway import KV, Etcd3Client, EtcdGateway, answer_date, b64, first_kv
 from .etcd_grant import EtcdGrant, lock_view
 from .etcd_keys import KeyNames
 from .etcd_line import EtcdLine
@@ -65,8 +65,43 @@ class EtcdBackend(Backend):
 
     clock_resolution = 1.0
 
-    def acquire(self, key, owner, ttl, slot=None):
-        return self._grant.acquire(key, owner, ttl, slot)
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
+        return self._grant.acquire(key, owner, ttl, slot, pauses)
+
+    # -- pauses: keys on leases of their own (etcd_keys.py) -----------------------
+    def pause(self, scope, reason, seconds, by):
+        """The pause's key, put on a new lease of its length (whole seconds,
+        rounded up; etcd may grant more): etcd ends it. at: the member's
+        clock, the middle of the second the lease grant's Date header names
+        (as server_time); until: at + the TTL granted. A pause it replaces
+        loses its key to the new lease: its own lease is revoked."""
+        lease, ttl, date = self.gateway.grant_dated_lease(int(math.ceil(pause_ms(seconds) / 1000.0)))
+        at = date + 0.5
+        pause = Pause(scope, reason, at + ttl, by, at)
+        # A put that fails keeps its lease: revoked, it would take with it the
+        # pause this one may have replaced, and the pause asked for may be there.
+        put = self.gateway.post("/kv/put", {"key": b64(self.names.pause(scope)), "value": b64(pause.as_record()),
+                                            "lease": lease, "prev_kv": True})
+        replaced = put.get("prev_kv")
+        if replaced and int(replaced.get("lease", 0)):
+            self.gateway.revoke(int(replaced["lease"]))
+        return pause
+
+    def resume(self, scope):
+        answer = self.gateway.post("/kv/deleterange", {"key": b64(self.names.pause(scope)), "prev_kv": True})
+        ended = KV(answer["prev_kvs"][0]) if answer.get("prev_kvs") else None
+        if ended is None:
+            return None
+        if ended.lease:
+            self.gateway.revoke(ended.lease)
+        return Pause.from_record(scope, ended.value)
+
+    def read_pauses(self, scopes):
+        """One read-only transaction: the pauses as they were at one revision."""
+        names = [b64(self.names.pause(scope)) for scope in scopes]
+        answer = self.gateway.txn([], [{"request_range": {"key": name}} for name in names], [])
+        kvs = [first_kv(response) for response in answer.get("responses", [])]  # none: left out of the JSON
+        return [Pause.from_record(scope, kv.value) for scope, kv in zip(scopes, kvs) if kv is not None]
 
     def renew(self, key, owner, ttl):
         """Keep our lease alive, then check the key is still ours and on that

@@ -12,6 +12,15 @@ fence, holder, min-hold deadline, last slot and last run, and the markers of
 the slots claimed whose expiry has not passed (slots.py: the owner, or the
 outcome): {"N": [marker, expiry]}.
 
+A pause of scope S (base.pause_scopes) is the file S.pause (job:KEY.pause,
+all.pause; no lock's file ends so), its record (base.Pause) replaced
+atomically, live until the `until` it names on this host's clock (an
+unreadable one pauses until it is removed). _pause.lock orders pauses and
+grants (no key starts with '_'): a grant holds its flock shared while it
+reads the pauses and writes its state, a pause exclusive while it writes.
+So a grant sees every pause written before it, and pause() returns only
+once every grant that did not see it is done.
+
 The directory may be shared by the jobs of several users, so what lies in it
 is not trusted: a symbolic link or a FIFO at a lock or state file's name is
 refused with a BackendError (never followed, never waited on), and the state
@@ -19,6 +28,7 @@ file is replaced with safefile.replace_file (no link planted at its temporary
 name is written through).
 """
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -30,10 +40,12 @@ import time
 from ..errors import BackendError, ConfigError
 from ..safefile import read_regular, replace_file
 from ..slots import marker_owner, outcome_marker
-from .base import Backend, Grant, LockView, rerun_refusal
+from .base import Backend, Grant, LockView, Pause, pause_ms, rerun_refusal, scope_key
 
 POLL = 0.01
 MAX_FENCE = 2 ** 63 - 1
+PAUSES = "_pause"  # the name of the lock file that orders pauses and grants
+PAUSES_WAIT = 2.0
 
 
 def _number_or_none(value):
@@ -92,13 +104,63 @@ class FileBackend(Backend):
     def _path(self, key, suffix):
         return os.path.join(self.directory, key + suffix)
 
-    def _read_state(self, key):
+    def _read(self, path, what):
+        """The text of a state or pause file of the directory, None when there is none."""
         try:
-            return _state(read_regular(self._path(key, ".json"), "file: lock state", follow=False))
+            return read_regular(path, what, follow=False)
         except FileNotFoundError:
-            return {}
+            return None
         except ConfigError as exc:  # a link, a FIFO, a directory, unreadable: the backend is not usable
             raise BackendError(str(exc))
+
+    def _read_state(self, key):
+        text = self._read(self._path(key, ".json"), "file: lock state")
+        return {} if text is None else _state(text)
+
+    def _pause_path(self, scope):
+        scope_key(scope)  # checked: the scope is part of a file name
+        return self._path(scope, ".pause")
+
+    def _read_pause(self, scope):
+        """The live pause of scope, or None (none, or its until has passed)."""
+        text = self._read(self._pause_path(scope), "file: pause")
+        pause = None if text is None else Pause.from_record(scope, text)
+        return pause if pause is not None and (pause.until is None or pause.until > time.time()) else None
+
+    @contextlib.contextmanager
+    def _pauses_locked(self, operation):
+        """_pause.lock's flock (LOCK_SH: a grant, LOCK_EX: a pause) while the
+        block runs. Each holds it for one write; one that holds it longer (a
+        process stopped meanwhile) is waited for PAUSES_WAIT at most."""
+        fd = self._open_pauses_lock()
+        try:
+            deadline = time.monotonic() + PAUSES_WAIT
+            while True:
+                try:
+                    fcntl.flock(fd, operation | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise BackendError("file: %s stayed locked for %gs (a pause or a grant stopped while "
+                                           "writing?)" % (self._path(PAUSES, ".lock"), PAUSES_WAIT))
+                    time.sleep(POLL)
+                except OSError as exc:
+                    raise BackendError("file: cannot lock %s (%s)" % (self._path(PAUSES, ".lock"), exc.strerror or exc))
+            yield
+        finally:
+            os.close(fd)
+
+    def _open_pauses_lock(self):
+        """_pause.lock, read-only: the jobs of every user of the directory take
+        it, so it is made readable by all where its maker's umask made it private."""
+        fd = self._open_new(PAUSES, os.O_RDONLY)
+        info = os.fstat(fd)
+        if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & 0o444 != 0o444:
+            try:
+                os.fchmod(fd, 0o644)
+            except OSError:
+                pass  # a read-only file system: the other users' grants say they cannot open it
+        return fd
 
     def _open_lock(self, key, flags):
         """KEY.lock, a regular file of the lock directory, opened without
@@ -154,15 +216,19 @@ class FileBackend(Backend):
         """This host's lock directory: the only "server" there is."""
         return {"backend": self.name, "member": {"endpoint": self.directory}, "cluster": None}
 
-    def acquire(self, key, owner, ttl, slot=None):
+    def _open_new(self, key, flags=os.O_RDWR):
+        """KEY.lock, made (with the directory) where it does not exist yet."""
         try:
             # exist_ok: runners started together race to create it.
             os.makedirs(self.directory, 0o750, exist_ok=True)
-            fd = self._open_lock(key, os.O_RDWR | os.O_CREAT)
+            return self._open_lock(key, flags | os.O_CREAT)
         except OSError as exc:
             raise BackendError("file: cannot open the lock in %s (%s)" % (self.directory, exc))
+
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
+        fd = self._open_new(key)
         try:
-            grant = self._grant(fd, key, owner, slot)
+            grant = self._grant(fd, key, owner, slot, pauses)
         except BaseException:
             os.close(fd)
             raise
@@ -172,7 +238,7 @@ class FileBackend(Backend):
             os.close(fd)
         return grant
 
-    def _grant(self, fd, key, owner, slot):
+    def _grant(self, fd, key, owner, slot, pauses):
         if slot is not None and slot.width is not None and not slot.rerun:
             # This host's clock is the backend's; read again under the lock
             # below, so a runner that waited for it claims the slot open then.
@@ -184,6 +250,15 @@ class FileBackend(Backend):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (IOError, OSError):
             return Grant("locked", holder=self._holder(key, state, held=True))
+        with self._pauses_locked(fcntl.LOCK_SH):
+            for scope in pauses:
+                pause = self._read_pause(scope)
+                if pause is not None:
+                    return Grant("paused", pause=pause)
+            return self._grant_held(key, owner, slot)
+
+    def _grant_held(self, key, owner, slot):
+        """The grant under the key's flock, no pause found."""
         state = self._read_state(key)  # now under the lock
         if slot is not None and slot.width is not None and not slot.rerun:
             slot.number = slot.number_at(time.time())
@@ -217,6 +292,30 @@ class FileBackend(Backend):
         if refusal is None and (state.get("hold_until") or 0) > now:
             return "locked"
         return refusal
+
+    def pause(self, scope, reason, seconds, by):
+        path, length = self._pause_path(scope), pause_ms(seconds) / 1000.0
+        with self._pauses_locked(fcntl.LOCK_EX):
+            now = time.time()
+            pause = Pause(scope, reason, now + length, by, now)
+            try:
+                replace_file(path, pause.as_record(), durable=True)
+            except (IOError, OSError) as exc:
+                raise BackendError("file: cannot write %s (%s)" % (path, exc.strerror or exc))
+        return pause
+
+    def resume(self, scope):
+        pause = self._read_pause(scope)
+        try:
+            os.unlink(self._pause_path(scope))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise BackendError("file: cannot remove %s (%s)" % (self._pause_path(scope), exc.strerror or exc))
+        return pause
+
+    def read_pauses(self, scopes):
+        return [pause for pause in (self._read_pause(scope) for scope in scopes) if pause is not None]
 
     def renew(self, key, owner, ttl):
         return key in self._fds and self._read_state(key).get("owner") == owner

@@ -71,7 +71,7 @@ class PgAdvisoryBackend(PgBackend):
     lease_survives_reconnect = False
     schema_first = True  # a grant that failed on a missing table would leave its advisory lock taken
 
-    def acquire(self, key, owner, ttl, slot=None):
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
         # Only a counted grant's session is the lock's: one not counted
         # (CommitUnknown) has dropped its connection, and the lock with it. A
         # counted one's connection is the one the session kept (none when the
@@ -80,7 +80,7 @@ class PgAdvisoryBackend(PgBackend):
         # stops using it (the lock counts as lost), never closes it, which
         # would end the session and free the lock while the runner may still
         # be stopping the job. release() closes it.
-        granted = self._grant(lambda conn: self._take(conn, key, owner, slot), key, owner, slot)
+        granted = self._grant(lambda conn: self._take(conn, key, owner, slot, pauses), key, owner, slot)
         if granted.granted:
             if self.session.current is None:
                 # The answer came as op_timeout ran out: the cancel request
@@ -94,9 +94,10 @@ class PgAdvisoryBackend(PgBackend):
             self.session.pinned = self.session.current
         return granted
 
-    def _take(self, conn, key, owner, slot):
-        """The grant's statements: the advisory lock, then the lease row and
-        the slot claim in one transaction."""
+    def _take(self, conn, key, owner, slot, pauses):
+        """The grant's statements: the advisory lock, then the lease row (its
+        statement refuses while a pause of `pauses` is live) and the slot
+        claim in one transaction."""
         # A rerun is judged under the lock, in the transaction (_claim_slot).
         if slot is not None and not slot.rerun and self._current_slot_owner(conn, key, slot):
             return self._refusal(conn, key, slot, "duplicate")
@@ -105,14 +106,14 @@ class PgAdvisoryBackend(PgBackend):
         try:
             with conn.transaction():
                 # A previous holder's min_hold keeps the row busy past its unlock.
-                fence = self._upsert(conn, key, owner, None)
+                fence = self._upsert(conn, key, owner, None, pauses)
                 if fence is None:
                     raise Refused("locked")
                 if slot is not None and not self._claim_slot(conn, key, owner, slot):
                     raise Refused("duplicate")
         except Refused as refused:
             conn.execute(UNLOCK, {"id": lock_id(key), "key": key})
-            return self._refusal(conn, key, slot, refused.status)
+            return self._refusal(conn, key, slot, refused.status, refused.pause)
         return Grant("granted", fence=fence)
 
     def _holding(self):

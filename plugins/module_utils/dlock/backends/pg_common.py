@@ -11,7 +11,7 @@ import time
 from ..errors import BackendError, MissingDriver
 from ..slots import marker_owner, outcome_marker
 from ..validate import MAX_DURATION
-from .base import Backend, Grant, LockView, endpoint, grant_not_counted, lease_ms, rerun_refusal
+from .base import Backend, Grant, LockView, Pause, endpoint, grant_not_counted, lease_ms, pause_ms, rerun_refusal, scope_key
 from .pg_session import CommitUnknown, PgSession
 
 try:
@@ -44,6 +44,11 @@ SCHEMA = (
         arrived timestamptz NOT NULL,
         expires_at timestamptz NOT NULL,
         PRIMARY KEY (key, owner)
+    )""",
+    """CREATE TABLE IF NOT EXISTS dlock_pause (
+        scope text PRIMARY KEY,
+        record text NOT NULL,
+        until timestamptz NOT NULL
     )""",
 )
 
@@ -99,7 +104,7 @@ SELECT """ + NOTIFY_FIRST + """
                                                AND (expires_at IS NULL OR expires_at > clock_timestamp()))
 """
 
-TABLES = ("dlock_lease", "dlock_slot", "dlock_wait")
+TABLES = ("dlock_lease", "dlock_slot", "dlock_wait", "dlock_pause")
 
 # Columns added since the tables were first released: brought to tables made
 # by an earlier version, by the dlock_postgresql role (which owns them) or,
@@ -110,6 +115,47 @@ TABLES = ("dlock_lease", "dlock_slot", "dlock_wait")
 SCHEMA_UPGRADES = (
     """ALTER TABLE dlock_lease ADD COLUMN IF NOT EXISTS line_until timestamptz""",
 )
+
+# A pause (base.Pause) is its scope's row: the record the other backends
+# store too, and `until`, its end on the server's clock. A row whose until
+# has passed is no pause (every statement says so); the scope's next pause
+# takes the row over. The live pauses of a list of scopes (text[]), in its order:
+LIVE_PAUSES = """SELECT scope, record FROM dlock_pause
+ WHERE scope = ANY(%(scopes)s::text[]) AND until > clock_timestamp()
+ ORDER BY array_position(%(scopes)s::text[], scope)"""
+FIRST_PAUSE = LIVE_PAUSES + " LIMIT 1"
+
+# Pauses and grants are ordered by dlock_pause's table lock: every grant
+# reads the table (ACCESS SHARE, taken before its statement's snapshot and
+# kept to its commit), a pause takes ACCESS EXCLUSIVE first in its own
+# transaction. So a grant waits for a pause being written and then sees it
+# (READ COMMITTED: the snapshot is taken once the lock is held), and a
+# pause waits for the grants in flight: none is made after pause() returns.
+LOCK_PAUSES = "LOCK TABLE dlock_pause IN ACCESS EXCLUSIVE MODE"
+
+# The record gets `at` and `until` from one reading of the server's clock.
+PAUSE = """
+INSERT INTO dlock_pause AS p (scope, record, until)
+SELECT %(scope)s, json_build_object('reason', %(reason)s::text, 'by', %(by)s::text,
+                                    'at', extract(epoch FROM at)::float8, 'until', extract(epoch FROM until)::float8)::text,
+       until
+  FROM (SELECT at, at + %(ms)s::bigint * interval '1 millisecond' AS until
+          FROM (SELECT clock_timestamp() AS at) AS n) AS t
+ON CONFLICT (scope) DO UPDATE SET record = excluded.record, until = excluded.until
+RETURNING record
+"""
+
+RESUME = "DELETE FROM dlock_pause WHERE scope = %(scope)s RETURNING record, until > clock_timestamp()"
+
+
+def _unless_paused(upsert):
+    """A grant statement (an INSERT INTO dlock_lease ... RETURNING fence
+    whose SELECT has NOT EXISTS (SELECT 1 FROM pause) in its WHERE) made one
+    statement with the pause that refuses it: it answers the fence or NULL,
+    and the scope and record of that pause or NULLs."""
+    return ("WITH pause AS (" + FIRST_PAUSE + "),\n     granted AS (" + upsert + ")\n"
+            "SELECT (SELECT fence FROM granted), (SELECT scope FROM pause), (SELECT record FROM pause)")
+
 
 # "Now" is clock_timestamp(), never now(): now() is the transaction's start,
 # which lags real time by every wait inside the transaction (a row lock, a
@@ -122,21 +168,21 @@ SCHEMA_UPGRADES = (
 # "held by a session" (advisory backend, which passes ttl_ms NULL, session true).
 # While waiters are in line (dlock_wait), only the first live one is granted:
 # nothing is inserted or updated when a live ticket is ahead of ours (or when
-# there is any and we have none).
-UPSERT_LEASE = """
+# there is any and we have none), nor while a pause of the grant's scopes is
+# live (_unless_paused).
+UPSERT_LEASE = _unless_paused("""
 INSERT INTO dlock_lease AS l (key, owner, fence, acquired_at, expires_at)
 SELECT %(key)s, %(owner)s, 1, clock_timestamp(),
        CASE WHEN %(ttl_ms)s::bigint IS NULL THEN NULL
             ELSE clock_timestamp() + %(ttl_ms)s::bigint * interval '1 millisecond' END
- WHERE NOT EXISTS (""" + WAITER_AHEAD + """)
+ WHERE NOT EXISTS (""" + WAITER_AHEAD + """) AND NOT EXISTS (SELECT 1 FROM pause)
 ON CONFLICT (key) DO UPDATE
    SET owner = excluded.owner, fence = l.fence + 1,
        acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
  WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
     -- a session holder's row (expires_at NULL) is stale once we hold its advisory lock
     OR (l.expires_at IS NULL AND %(session)s)
-RETURNING fence
-"""
+RETURNING fence""")
 
 # The same grant for a key that has nobody in line (the common case), the
 # one statement a runner that finds the lock free sends. It reads the line
@@ -147,17 +193,17 @@ RETURNING fence
 # UPSERT_LEASE. A key without a row has no line (a join makes the row). A join
 # and this grant serialise on the row's lock, and the grant's WHERE is judged
 # on the row as the join left it. A lease row (ttl, no session holder) only:
-# the advisory backend uses UPSERT_LEASE.
-UPSERT_LEASE_NO_LINE = """
+# the advisory backend uses UPSERT_LEASE. Pauses: as UPSERT_LEASE.
+UPSERT_LEASE_NO_LINE = _unless_paused("""
 INSERT INTO dlock_lease AS l (key, owner, fence, acquired_at, expires_at)
-VALUES (%(key)s, %(owner)s, 1, clock_timestamp(), clock_timestamp() + %(ttl_ms)s * interval '1 millisecond')
+SELECT %(key)s, %(owner)s, 1, clock_timestamp(), clock_timestamp() + %(ttl_ms)s * interval '1 millisecond'
+ WHERE NOT EXISTS (SELECT 1 FROM pause)
 ON CONFLICT (key) DO UPDATE
    SET owner = excluded.owner, fence = l.fence + 1,
        acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
  WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp())
    AND (l.line_until IS NULL OR l.line_until <= clock_timestamp())
-RETURNING fence
-"""
+RETURNING fence""")
 
 # slots.py's slot_number on the server's clock (the statements' parameters
 # width_ms and lead_ms): the one place the rule is written in SQL.
@@ -290,11 +336,13 @@ def _slot_params(key, slot):
 
 
 class Refused(Exception):
-    """Rolls back a grant transaction; carries the answer ('locked' or 'duplicate')."""
+    """Rolls back a grant transaction; carries the answer ('locked',
+    'duplicate', a rerun's, or 'paused' with the Pause)."""
 
-    def __init__(self, status):
+    def __init__(self, status, pause=None):
         Exception.__init__(self, status)
         self.status = status
+        self.pause = pause
 
 
 def ensure_schema(conn, upgrade=False):
@@ -419,7 +467,9 @@ class PgBackend(Backend):
         """One statement for all keys (QUERY): one round trip."""
         return self.session.run(lambda conn: self._query_many(conn, keys))
 
-    def _refusal(self, conn, key, slot, status):
+    def _refusal(self, conn, key, slot, status, pause=None):
+        if status == "paused":
+            return Grant(status, pause=pause)
         if status in ("future", "unknown"):  # a rerun refused
             return Grant(status)
         holder = self._query(conn, key)
@@ -460,10 +510,42 @@ class PgBackend(Backend):
         return claimed
 
     @staticmethod
-    def _upsert(conn, key, owner, ttl_ms, statement=UPSERT_LEASE):
-        params = {"key": key, "owner": owner, "ttl_ms": ttl_ms, "session": ttl_ms is None}
-        row = conn.execute(statement, params).fetchone()
-        return row[0] if row else None
+    def _upsert(conn, key, owner, ttl_ms, pauses, statement=UPSERT_LEASE):
+        """The fence granted, or None; Refused('paused') while a pause of
+        `pauses` is live (_unless_paused)."""
+        params = {"key": key, "owner": owner, "ttl_ms": ttl_ms, "session": ttl_ms is None, "scopes": list(pauses)}
+        fence, scope, record = conn.execute(statement, params).fetchone()
+        if scope is not None:
+            raise Refused("paused", Pause.from_record(scope, record))
+        return fence
+
+    @staticmethod
+    def _refuse_if_paused(conn, pauses):
+        """Refused('paused') while a pause of `pauses` is live: the first
+        statement of a grant transaction that claims a slot before its upsert."""
+        row = conn.execute(FIRST_PAUSE, {"scopes": list(pauses)}).fetchone()
+        if row is not None:
+            raise Refused("paused", Pause.from_record(*row))
+
+    # -- pauses ---------------------------------------------------------------
+    def pause(self, scope, reason, seconds, by):
+        scope_key(scope)  # checked: only a pause a grant can name is stored
+        params = {"scope": scope, "reason": reason, "by": by, "ms": pause_ms(seconds)}
+
+        def write(conn):
+            with conn.transaction():
+                conn.execute(LOCK_PAUSES)
+                return conn.execute(PAUSE, params).fetchone()[0]
+        # Written as a grant is: a commit not known to be replicated raises CommitUnknown.
+        return Pause.from_record(scope, self.session.run(write, write=True))
+
+    def resume(self, scope):
+        row = self.session.run(lambda conn: conn.execute(RESUME, {"scope": scope}).fetchone(), write=True)
+        return Pause.from_record(scope, row[0]) if row is not None and row[1] else None
+
+    def read_pauses(self, scopes):
+        rows = self.session.run(lambda conn: conn.execute(LIVE_PAUSES, {"scopes": list(scopes)}).fetchall())
+        return [Pause.from_record(scope, record) for scope, record in rows]
 
     @staticmethod
     def _release_row(conn, key, owner, min_hold, last, notify=True, slot=None):

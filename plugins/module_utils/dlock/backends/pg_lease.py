@@ -13,34 +13,37 @@ LOCK_ROW = "SELECT 1 FROM dlock_lease WHERE key = %s FOR UPDATE"
 class PgLeaseBackend(PgBackend):
     name = "postgresql"
 
-    def acquire(self, key, owner, ttl, slot=None):
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
         ttl_ms = lease_ms(ttl)  # checked once, before anything is sent
 
         def grant(conn):
-            if slot is None:  # one atomic statement: no transaction round trips
-                fence = self._upsert(conn, key, owner, ttl_ms, UPSERT_LEASE_NO_LINE)
-                if fence is None:
-                    holder = self._query(conn, key)
-                    if holder.owner is not None:
-                        return Grant("locked", holder=holder)
-                    # Free, yet refused: someone is in line (or the lock was
-                    # freed meanwhile); the grant that follows the line decides.
-                    fence = self._upsert(conn, key, owner, ttl_ms)
-                return Grant("granted", fence=fence) if fence is not None else self._refusal(conn, key, None, "locked")
             try:
-                # One transaction: the slot claim is undone when the lease is busy.
-                # Concurrent claims of one slot serialise on its primary key
-                # (reruns, on its row lock).
-                with conn.transaction():
-                    if not self._claim_slot(conn, key, owner, slot):
-                        raise Refused("duplicate")
-                    # The lean grant first (nobody in line), then the line's.
-                    fence = (self._upsert(conn, key, owner, ttl_ms, UPSERT_LEASE_NO_LINE)
-                             or self._upsert(conn, key, owner, ttl_ms))
+                if slot is None:  # one atomic statement: no transaction round trips
+                    fence = self._upsert(conn, key, owner, ttl_ms, pauses, UPSERT_LEASE_NO_LINE)
+                    if fence is None:
+                        holder = self._query(conn, key)
+                        if holder.owner is not None:
+                            return Grant("locked", holder=holder)
+                        # Free, yet refused: someone is in line (or the lock was
+                        # freed meanwhile); the grant that follows the line decides.
+                        fence = self._upsert(conn, key, owner, ttl_ms, pauses)
                     if fence is None:
                         raise Refused("locked")
+                else:
+                    # One transaction: the slot claim is undone when the lease is busy.
+                    # Concurrent claims of one slot serialise on its primary key
+                    # (reruns, on its row lock).
+                    with conn.transaction():
+                        self._refuse_if_paused(conn, pauses)  # before the slot is touched
+                        if not self._claim_slot(conn, key, owner, slot):
+                            raise Refused("duplicate")
+                        # The lean grant first (nobody in line), then the line's.
+                        fence = (self._upsert(conn, key, owner, ttl_ms, pauses, UPSERT_LEASE_NO_LINE)
+                                 or self._upsert(conn, key, owner, ttl_ms, pauses))
+                        if fence is None:
+                            raise Refused("locked")  # in the transaction: the claim is rolled back
             except Refused as refused:
-                return self._refusal(conn, key, slot, refused.status)
+                return self._refusal(conn, key, slot, refused.status, refused.pause)
             return Grant("granted", fence=fence)
         return self._grant(grant, key, owner, slot)
 

@@ -25,7 +25,7 @@ import time
 from ..errors import AuthError, BackendError, MissingDriver, OutcomeUnknown
 from ..slots import DONE, SLOT_TRIES, marker_owner, outcome_marker
 from ..validate import MAX_DURATION
-from .base import ALL_SCOPE, Backend, Grant, LockView, Pause, endpoint, grant_not_counted, lease_ms
+from .base import Backend, Grant, LockView, Pause, endpoint, grant_not_counted, lease_ms, pause_ms, scope_key
 
 try:
     import redis
@@ -250,9 +250,8 @@ def _void(key, owner):
 def _pause_key(scope):
     """The key of a pause of `scope` (base.pause_scopes): a job's beside its
     lock's keys, the fleet's under the ACL's ~dlock:* as well."""
-    if scope == ALL_SCOPE:
-        return "dlock:pause:all"
-    return "dlock:{%s}:pause" % scope[len("job:"):]
+    key = scope_key(scope)
+    return "dlock:pause:all" if key is None else "dlock:{%s}:pause" % key
 
 
 def _slot_marker(key, slot):
@@ -380,7 +379,7 @@ class RedisBackend(Backend):
 
     def pause(self, scope, reason, seconds, by):
         record = json.dumps({"reason": reason, "by": by})
-        text = self._script(PAUSE, [_pause_key(scope)], [record, lease_ms(seconds, "pause")])
+        text = self._script(PAUSE, [_pause_key(scope)], [record, pause_ms(seconds)])
         return Pause.from_record(scope, text)
 
     def resume(self, scope):
@@ -391,7 +390,11 @@ class RedisBackend(Backend):
         return None if text is None else Pause.from_record(scope, text)
 
     def read_pauses(self, scopes):
-        texts = self._call(self.client.mget, [_pause_key(scope) for scope in scopes])
+        # GETs in MULTI/EXEC, as query_many reads: commands the role's ACL has (no MGET).
+        pipe = self.client.pipeline(transaction=True)
+        for scope in scopes:
+            pipe.get(_pause_key(scope))
+        texts = self._call(pipe.execute)
         return [Pause.from_record(scope, text) for scope, text in zip(scopes, texts) if text is not None]
 
     def _undo_grant(self, key, owner, ttl, slot):

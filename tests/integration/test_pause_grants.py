@@ -1,0 +1,263 @@
+"""Pausing grants (base.Backend.pause): a live pause of a job's key, or of
+every key, refuses the grant inside the backend's own grant step, before
+any fence is taken or slot marker claimed, and ends by itself at its
+`until` on the backend's clock (Redis: a key's PX expiry; PostgreSQL: the
+row's until against clock_timestamp(); etcd: its key's lease; file: the
+record's until on the host's clock).
+"""
+
+import fcntl
+import threading
+import time
+
+import pytest
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import (
+    ALL_SCOPE, Pause, Slot, file_lock, job_scope, open_backend, pause_scopes)
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.etcd_lease import EtcdBackend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.file_lock import FileBackend
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_common import LIVE_PAUSES
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import replace_file
+from runner_proc import last_log, run_dlock, wait_for
+from servers import url_of
+
+LONG = 600.0  # a pause no test waits out
+SHORT = 2.0  # one a test does wait out (etcd: a 2s lease, reaped up to a second late)
+
+
+@pytest.fixture(params=["redis", "postgresql", "postgresql+advisory", "etcd", "file"])
+def url(request, tmp_path):
+    return url_of(request, request.param, tmp_path)
+
+
+@pytest.fixture
+def two_clients(url):
+    """A runner (a) and an operator (b) on one backend."""
+    a, b = open_backend(url), open_backend(url)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def grant(backend, key, owner, slot=None):
+    """The runner's grant: the scopes of its key's pauses named."""
+    return backend.acquire(key, owner, 10, slot, pause_scopes(key))
+
+
+def test_a_paused_run_exits_72_and_says_why(url, unique_key, tmp_path):
+    """`dlock run` names its key's pauses in its grant (runner.acquire)."""
+    operator = open_backend(url)
+    try:
+        paused = operator.pause(job_scope(unique_key), "disk full on db-1", LONG, "ops")
+    finally:
+        operator.close()
+    marker = tmp_path / "ran"
+    run = run_dlock("run", "--job", "j", "--key", unique_key, "--backend", url, "--", "touch", str(marker))
+    log = last_log(run.stderr)
+    assert (run.returncode, log["result"]) == (72, "skipped_paused"), run.stderr
+    assert (log["paused"], log["pause_reason"], log["paused_by"]) == (paused.scope, paused.reason, paused.by)
+    assert log["paused_until"] == paused.until and not marker.exists()
+
+
+def test_a_pause_of_the_job_refuses_its_grant_with_the_pause(two_clients, unique_key):
+    a, b = two_clients
+    before = b.server_time()
+    paused = b.pause(job_scope(unique_key), "disk full on db-1", LONG, "ops@bastion")
+    refused = grant(a, unique_key, "owner-a")
+    assert refused.status == "paused" and not refused.granted
+    assert refused.pause.as_dict() == paused.as_dict()
+    assert (paused.scope, paused.reason, paused.by) == (job_scope(unique_key), "disk full on db-1", "ops@bastion")
+    # Its times are the backend's: etcd's, whole seconds from a Date header (rounded up).
+    slack = b.clock_resolution + 0.5
+    assert before - slack <= paused.at <= b.server_time() + slack
+    assert LONG <= paused.until - paused.at <= LONG + slack
+    assert a.query(unique_key).owner is None
+
+
+def test_a_pause_of_all_refuses_every_grant(two_clients, unique_key):
+    a, b = two_clients
+    paused = b.pause(ALL_SCOPE, "freeze", LONG, "ops")
+    try:
+        for key in (unique_key, unique_key + "-other"):
+            refused = grant(a, key, "owner-a")
+            assert refused.status == "paused"
+            assert refused.pause.as_dict() == paused.as_dict() and refused.pause.scope == ALL_SCOPE
+        # A grant that names no pause (a caller that does not honour them) is not refused.
+        assert a.acquire(unique_key, "owner-a", 10).granted
+    finally:
+        assert b.resume(ALL_SCOPE).as_dict() == paused.as_dict()  # the other tests share the server
+
+
+def test_the_job_pause_comes_before_the_fleets(two_clients, unique_key):
+    """Both live: the refusal names the job's own (the first of pause_scopes)."""
+    a, b = two_clients
+    b.pause(ALL_SCOPE, "freeze", LONG, "ops")
+    try:
+        b.pause(job_scope(unique_key), "this one", LONG, "ops")
+        assert grant(a, unique_key, "owner-a").pause.reason == "this one"
+    finally:
+        b.resume(ALL_SCOPE)
+
+
+def test_a_pause_of_another_key_refuses_nothing(two_clients, unique_key):
+    a, b = two_clients
+    b.pause(job_scope(unique_key + "-other"), "not this one", LONG, "ops")
+    assert grant(a, unique_key, "owner-a").granted
+
+
+def test_a_paused_grant_takes_no_fence(two_clients, unique_key):
+    a, b = two_clients
+    first = grant(a, unique_key, "owner-a")
+    assert first.granted and a.release(unique_key, "owner-a")
+    fence = a.query(unique_key).fence
+    b.pause(job_scope(unique_key), "maintenance", LONG, "ops")
+    for attempt in range(3):
+        assert grant(a, unique_key, "owner-%d" % attempt).status == "paused"
+    assert a.query(unique_key).fence == fence  # the counter (etcd: the fence key) untouched
+    b.resume(job_scope(unique_key))
+    second = grant(a, unique_key, "owner-b")
+    assert second.granted
+    if isinstance(a, EtcdBackend):  # a revision of the store: the pause's own writes count
+        assert second.fence > first.fence
+    else:
+        assert second.fence == first.fence + 1
+
+
+def test_a_paused_grant_claims_no_slot(two_clients, unique_key):
+    a, b = two_clients
+    slot = Slot(7, marker_ttl=120)
+    b.pause(job_scope(unique_key), "maintenance", LONG, "ops")
+    assert grant(a, unique_key, "owner-a", slot).status == "paused"
+    b.resume(job_scope(unique_key))
+    assert grant(a, unique_key, "owner-b", Slot(7, marker_ttl=120)).granted  # the slot still free
+    assert a.release(unique_key, "owner-b", last={"result": "success"}, slot=slot)
+    assert grant(a, unique_key, "owner-c", Slot(7, marker_ttl=120)).status == "duplicate"  # and now claimed
+
+
+def test_resume_ends_the_pause_and_returns_it(two_clients, unique_key):
+    a, b = two_clients
+    scope = job_scope(unique_key)
+    paused = b.pause(scope, "maintenance", LONG, "ops")
+    assert grant(a, unique_key, "owner-a").status == "paused"
+    assert b.resume(scope).as_dict() == paused.as_dict()
+    assert b.resume(scope) is None  # nothing left to end
+    assert b.read_pauses([scope]) == []
+    assert grant(a, unique_key, "owner-a").granted
+
+
+def test_a_pause_ends_by_itself_at_its_until(two_clients, unique_key):
+    a, b = two_clients
+    paused = b.pause(job_scope(unique_key), "short", SHORT, "ops")
+    assert grant(a, unique_key, "owner-a").status == "paused"
+    wait_for(lambda: grant(a, unique_key, "owner-a").granted, SHORT + 10, "the pause to end")
+    # Not before its until, on the backend's clock (etcd's reads whole seconds).
+    assert a.server_time() + a.clock_resolution >= paused.until
+    assert b.read_pauses([job_scope(unique_key)]) == []
+
+
+def test_pausing_again_replaces_the_pause(two_clients, unique_key):
+    """The new record, and the new end: a shorter pause over a long one ends
+    when the shorter one does (etcd: the key leaves the old pause's lease)."""
+    a, b = two_clients
+    scope = job_scope(unique_key)
+    b.pause(scope, "first", LONG, "ops-1")
+    second = b.pause(scope, "second", SHORT, "ops-2")
+    assert [pause.as_dict() for pause in b.read_pauses([scope])] == [second.as_dict()]
+    assert grant(a, unique_key, "owner-a").pause.as_dict() == second.as_dict()
+    wait_for(lambda: grant(a, unique_key, "owner-a").granted, SHORT + 10, "the second pause to end")
+
+
+def test_read_pauses_gives_the_live_ones_in_the_order_asked(two_clients, unique_key):
+    a, b = two_clients
+    scopes = [job_scope(unique_key), job_scope(unique_key + "-x"), job_scope(unique_key + "-y")]
+    long_pause = b.pause(scopes[2], "long", LONG, "ops")
+    short_pause = b.pause(scopes[0], "short", SHORT, "ops")
+    assert [pause.as_dict() for pause in a.read_pauses(scopes)] == [short_pause.as_dict(), long_pause.as_dict()]
+    wait_for(lambda: len(a.read_pauses(scopes)) == 1, SHORT + 10, "the short pause to end")
+    assert [pause.as_dict() for pause in a.read_pauses(scopes)] == [long_pause.as_dict()]
+    assert a.read_pauses([]) == []
+
+
+def test_a_scope_that_is_no_scope_is_refused(two_clients):
+    _a, b = two_clients
+    for scope in ("job:../escape", "everything", "job:"):
+        with pytest.raises(ConfigError, match="pause scope"):
+            b.pause(scope, "r", LONG, "ops")
+
+
+# -- PostgreSQL: pauses and grants are ordered by dlock_pause's table lock ------
+
+@pytest.fixture(params=["postgresql", "postgresql+advisory"])
+def pg_pair(request, pg_server):
+    url = pg_server.url(scheme=request.param)
+    # op_timeout: long enough for the test to let them go on, on a busy host
+    a, b = open_backend(url, op_timeout=20.0), open_backend(url, op_timeout=20.0)
+    b.read_pauses([ALL_SCOPE])  # the tables made
+    yield a, b, pg_server
+    a.close()
+    b.close()
+
+
+def _waiting_for_the_pause_table(pg_server):
+    with pg_server.connect() as conn:
+        return conn.execute("SELECT count(*) FROM pg_locks WHERE NOT granted "
+                            "AND relation = 'dlock_pause'::regclass").fetchone()[0] > 0
+
+
+def test_a_grant_sent_while_a_pause_is_written_waits_and_sees_it(pg_pair, unique_key):
+    """The pause's transaction holds the table's lock (as pause() does): the
+    grant waits for its commit, then sees the pause (READ COMMITTED takes
+    the statement's snapshot once its locks are held)."""
+    a, _b, pg_server = pg_pair
+    answers = []
+    with pg_server.connect() as conn:
+        with conn.transaction():
+            conn.execute("LOCK TABLE dlock_pause IN ACCESS EXCLUSIVE MODE")
+            conn.execute("INSERT INTO dlock_pause (scope, record, until) VALUES (%s, %s, now() + interval '1 hour')",
+                         (job_scope(unique_key), '{"reason": "r", "by": "b", "at": 0, "until": 1}'))
+            runner = threading.Thread(target=lambda: answers.append(grant(a, unique_key, "owner-a")))
+            runner.start()
+            wait_for(lambda: _waiting_for_the_pause_table(pg_server), 10, "the grant to wait for the pause")
+        runner.join(10)
+    assert [answer.status for answer in answers] == ["paused"]
+
+
+def test_a_pause_waits_for_the_grants_in_flight(pg_pair, unique_key):
+    """A grant's transaction that read the pauses before the pause was
+    written (here: a transaction that read the table) holds pause() back
+    until it ends: no grant is made after pause() has returned."""
+    _a, b, pg_server = pg_pair
+    written = []
+    with pg_server.connect() as conn:
+        with conn.transaction():
+            conn.execute(LIVE_PAUSES, {"scopes": list(pause_scopes(unique_key))})
+            operator = threading.Thread(target=lambda: written.append(b.pause(ALL_SCOPE, "r", LONG, "ops")))
+            operator.start()
+            wait_for(lambda: _waiting_for_the_pause_table(pg_server), 10, "the pause to wait for the grant")
+            assert written == []
+        operator.join(10)
+    try:
+        assert [pause.reason for pause in written] == ["r"]
+    finally:
+        b.resume(ALL_SCOPE)
+
+
+# -- file: pauses and grants are ordered by _pause.lock ---------------------------
+
+def test_a_file_grant_sent_while_a_pause_is_written_waits_and_sees_it(tmp_path, unique_key, monkeypatch):
+    """A pause holds _pause.lock exclusive while it writes (taken here, the
+    file written by hand): a grant that has its key's flock waits for it,
+    then reads the pause."""
+    monkeypatch.setattr(file_lock, "PAUSES_WAIT", 30.0)  # the test's own pace on a busy host
+    runner, operator = FileBackend(str(tmp_path)), FileBackend(str(tmp_path))
+    answers = []
+    with operator._pauses_locked(fcntl.LOCK_EX):
+        thread = threading.Thread(target=lambda: answers.append(grant(runner, unique_key, "owner-a")))
+        thread.start()
+        wait_for(lambda: operator._is_locked(unique_key), 10, "the grant to take its key's flock")
+        scope = job_scope(unique_key)
+        replace_file(operator._pause_path(scope), Pause(scope, "r", time.time() + LONG, "ops", time.time()).as_record())
+    thread.join(30)
+    assert [answer.status for answer in answers] == ["paused"]
+    runner.close()
