@@ -122,7 +122,7 @@ def service_unit(job, settings):
         "[Service]",
         "Type=oneshot",
         "ExecStart=%s run --job %s" % (unit_value(settings.runner_bin, "dlock_jobs_runner_bin"), name),
-        "# 73: another node holds the lock; 74: the slot already ran elsewhere.",
+        "# 72: paused; 73: another node holds the lock; 74: the slot already ran elsewhere.",
         "SuccessExitStatus=72 73 74",
         "# The runner's process tree (and the job's) ends with the unit.",
         "KillMode=control-group",

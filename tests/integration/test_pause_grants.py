@@ -7,6 +7,7 @@ record's until on the host's clock).
 """
 
 import fcntl
+import os
 import threading
 import time
 
@@ -19,6 +20,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.file_lo
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_common import LIVE_PAUSES
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import replace_file
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.etcd_gateway import b64
 from runner_proc import last_log, run_dlock, wait_for
 from servers import url_of
 
@@ -261,3 +263,43 @@ def test_a_file_grant_sent_while_a_pause_is_written_waits_and_sees_it(tmp_path, 
     thread.join(30)
     assert [answer.status for answer in answers] == ["paused"]
     runner.close()
+
+
+def test_an_etcd_pause_whose_lease_outlives_its_end_ends_at_its_end(etcd_server, unique_key):
+    """A new etcd leader starts every lease again at its full TTL: a pause's
+    key can outlive its `until`. The record's end is the pause's end: a
+    grant after it deletes the key and is granted, and no read shows it."""
+    a, b = open_backend(etcd_server.url), open_backend(etcd_server.url)
+    try:
+        now = b.server_time()
+        overdue = Pause(job_scope(unique_key), "leader change", now - 5.0, "ops", now - 65.0)
+        lease = b.gateway.grant_lease(600)  # what a restarted lease looks like: long after its end
+        name = b.names.pause(overdue.scope)
+        b.gateway.post("/kv/put", {"key": b64(name), "value": b64(overdue.as_record()), "lease": lease})
+        assert b.read_pauses([overdue.scope]) == []
+        assert grant(a, unique_key, "owner-a").granted
+        assert b.gateway.get(name) is None
+        assert a.release(unique_key, "owner-a")
+        live = b.pause(overdue.scope, "still on", LONG, "ops")  # one not overdue still refuses
+        assert grant(a, unique_key, "owner-c").status == "paused"
+        assert [pause.reason for pause in b.read_pauses([live.scope])] == ["still on"]
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("record", ["not json", '{"reason": "x", "until": Infinity, "by": "b", "at": 0}'])
+def test_a_stray_file_pause_ends_where_the_longest_pause_would(tmp_path, unique_key, record):
+    """A record no `dlock pause` wrote pauses, but not for good: it ends 30
+    days after its file was written, as the longest pause then would."""
+    backend = FileBackend(str(tmp_path))
+    scope = job_scope(unique_key)
+    path = tmp_path / (scope + ".pause")
+    path.write_text(record)
+    [pause] = backend.read_pauses([scope])
+    assert pause.until == pytest.approx(path.stat().st_mtime + 30 * 86400)
+    assert grant(backend, unique_key, "owner-a").status == "paused"
+    month_ago = time.time() - 31 * 86400
+    os.utime(path, (month_ago, month_ago))
+    assert backend.read_pauses([scope]) == []
+    assert grant(backend, unique_key, "owner-a").granted

@@ -188,7 +188,10 @@ def _pause_target(args, flags):
     """(settings, the scope a pause or resume names: a job's key, or every key)."""
     if args.all:
         return load_settings(flags), ALL_SCOPE
-    settings = load_settings(flags, job=args.job)
+    if args.key is not None:  # '' too: no key is not "the job's"
+        validate.lock_key(args.key, "--key")
+    # A job named must exist: a typo would pause a key no job uses.
+    settings = load_settings(flags, job=args.job, job_must_exist=bool(args.job))
     return settings, job_scope(settings.key)
 
 

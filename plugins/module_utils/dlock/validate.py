@@ -37,7 +37,13 @@ MAX_PATH = 1024
 # C0, DEL, C1, and the Unicode line and paragraph separators: anything a
 # terminal, a log reader or a line-oriented config format could take for a
 # line break or an escape.
-CONTROL = re.compile(u"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Control characters, line and paragraph separators, and the bidirectional
+# overrides and isolates (a reason shown in a log or a status table must read
+# as it was written).
+CONTROL = re.compile(u"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# What Python makes of bytes that are not UTF-8 in argv or a file name
+# (surrogateescape): text no backend can store.
+NOT_UTF8 = re.compile(u"[\ud800-\udfff]")
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 LOCK_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,199}")
@@ -80,7 +86,10 @@ def text(value, field, max_len=MAX_TEXT, pattern=None, hint=None, allow_empty=Fa
     if len(value) > max_len:
         _fail(field, value, "is longer than %d characters" % max_len, secret)
     if CONTROL.search(value):
-        _fail(field, value, "holds a control character (a line break, tab, NUL or escape)", secret)
+        _fail(field, value, "holds a control character (a line break, tab, NUL, escape or direction override)",
+              secret)
+    if NOT_UTF8.search(value):
+        _fail(field, value, "is not valid UTF-8", secret)
     if pattern is not None and value and not pattern.fullmatch(value):
         _fail(field, value, "is not a valid %s%s" % (kind, " (%s)" % hint if hint else ""), secret)
     return value

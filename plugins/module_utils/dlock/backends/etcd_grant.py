@@ -37,6 +37,18 @@ def _in_window(slot, answered):
     return opens < answered + 1 and answered < opens + slot.width
 
 
+def overdue(pause, answered):
+    """Whether the pause had certainly ended at `answered`, a Date header
+    (the start of its second): a lease can outlive its TTL (etcd_lease.pause)."""
+    return pause.until is not None and pause.until <= answered
+
+
+def end_overdue(gateway, name, paused):
+    """Delete an overdue pause's key `name`, unless it changed since it was read (paused, its KV)."""
+    gateway.txn([{"key": b64(name), "target": "MOD", "result": "EQUAL", "mod_revision": paused.mod_revision}],
+                [{"request_delete_range": {"key": b64(name)}}], [])
+
+
 class _Transaction(object):
     """The grant's transaction, and the leases granted for it."""
 
@@ -50,13 +62,14 @@ class _Transaction(object):
         self.scopes = ()  # the pauses compared, whose keys the failure reads last
 
     def pause(self, answer):
-        """The pause that failed the transaction, the first of its scopes'; or None."""
+        """(the pause that failed the transaction, the first of its scopes',
+        its key's KV); or (None, None)."""
         responses = answer["responses"][len(self.failure) - len(self.scopes):]
         for scope, response in zip(self.scopes, responses):
             paused = first_kv(response)
             if paused is not None:
-                return Pause.from_record(scope, paused.value)
-        return None
+                return Pause.from_record(scope, paused.value), paused
+        return None, None
 
     def payload(self):
         return {"compare": self.compare, "success": self.success, "failure": self.failure}
@@ -193,8 +206,13 @@ class EtcdGrant(object):
             return Grant("granted", fence=held.create_revision)
         txn.revoke(self.gateway)
         self.line.saw_refused(key, revision)
-        pause = txn.pause(answer)
+        pause, paused = txn.pause(answer)
         if pause is not None:
+            if overdue(pause, answered):
+                # Its lease outlived its end: a new leader starts every lease
+                # again at its full TTL. The record's end is the pause's end.
+                end_overdue(self.gateway, self.names.pause(pause.scope), paused)
+                return None
             return Grant("paused", pause=pause)
         marker_kv = first_kv(answer["responses"][1]) if slot is not None else None
         if txn.rerun_marker is not None:

@@ -19,7 +19,7 @@ from ..slots import outcome_marker
 from ..validate import backend_url
 from .base import Backend, Pause, lease_ms, pause_ms
 from .etcd_gateway import KV, Etcd3Client, EtcdGateway, answer_date, b64, first_kv
-from .etcd_grant import EtcdGrant, lock_view
+from .etcd_grant import EtcdGrant, lock_view, overdue
 from .etcd_keys import KeyNames
 from .etcd_line import EtcdLine
 
@@ -97,11 +97,20 @@ class EtcdBackend(Backend):
         return Pause.from_record(scope, ended.value)
 
     def read_pauses(self, scopes):
-        """One read-only transaction: the pauses as they were at one revision."""
+        """One read-only transaction: the pauses as they were at one
+        revision, less those whose end has passed on the member's clock
+        (a lease can outlive its TTL: the grant ends them, etcd_grant.overdue)."""
         names = [b64(self.names.pause(scope)) for scope in scopes]
-        answer = self.gateway.txn([], [{"request_range": {"key": name}} for name in names], [])
-        kvs = [first_kv(response) for response in answer.get("responses", [])]  # none: left out of the JSON
-        return [Pause.from_record(scope, kv.value) for scope, kv in zip(scopes, kvs) if kv is not None]
+        response = self.gateway.post("/kv/txn", {"compare": [], "success": [{"request_range": {"key": name}}
+                                                                            for name in names], "failure": []},
+                                     stream=True)
+        try:
+            answer, answered = response.json(), answer_date(response)
+        except ValueError as exc:
+            raise BackendError("etcd: unreadable answer to the read of the pauses: %s" % exc)
+        kvs = [first_kv(item) for item in answer.get("responses", [])]  # none: left out of the JSON
+        pauses = [Pause.from_record(scope, kv.value) for scope, kv in zip(scopes, kvs) if kv is not None]
+        return [pause for pause in pauses if not overdue(pause, answered)]
 
     def renew(self, key, owner, ttl):
         """Keep our lease alive, then check the key is still ours and on that

@@ -40,6 +40,7 @@ import time
 from ..errors import BackendError, ConfigError
 from ..safefile import read_regular, replace_file
 from ..slots import marker_owner, outcome_marker
+from ..validate import MAX_DURATION
 from .base import Backend, Grant, LockView, Pause, pause_ms, rerun_refusal, scope_key
 
 POLL = 0.01
@@ -122,10 +123,23 @@ class FileBackend(Backend):
         return self._path(scope, ".pause")
 
     def _read_pause(self, scope):
-        """The live pause of scope, or None (none, or its until has passed)."""
-        text = self._read(self._pause_path(scope), "file: pause")
-        pause = None if text is None else Pause.from_record(scope, text)
-        return pause if pause is not None and (pause.until is None or pause.until > time.time()) else None
+        """The live pause of scope, or None (none, or its until has passed).
+        A record pause() did not write (unreadable, or ending later than the
+        longest pause written when its file was) ends where that longest
+        pause would: a stray file in a shared directory cannot stop the
+        jobs for good."""
+        path = self._pause_path(scope)
+        text = self._read(path, "file: pause")
+        if text is None:
+            return None
+        pause = Pause.from_record(scope, text)
+        try:
+            latest = os.stat(path).st_mtime + MAX_DURATION
+        except FileNotFoundError:
+            return None  # resumed since it was read
+        if pause.until is None or not pause.until <= latest:  # not <=: NaN too
+            pause.until = latest
+        return pause if pause.until > time.time() else None
 
     @contextlib.contextmanager
     def _pauses_locked(self, operation):
@@ -305,13 +319,14 @@ class FileBackend(Backend):
         return pause
 
     def resume(self, scope):
-        pause = self._read_pause(scope)
-        try:
-            os.unlink(self._pause_path(scope))
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise BackendError("file: cannot remove %s (%s)" % (self._pause_path(scope), exc.strerror or exc))
+        with self._pauses_locked(fcntl.LOCK_EX):  # not a pause written between the read and the unlink
+            pause = self._read_pause(scope)
+            try:
+                os.unlink(self._pause_path(scope))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise BackendError("file: cannot remove %s (%s)" % (self._pause_path(scope), exc.strerror or exc))
         return pause
 
     def read_pauses(self, scopes):
