@@ -55,7 +55,7 @@ def test_units_verify_clean(host, unit):
 def test_service_unit_runs_the_job_file_not_a_shell(host):
     unit = host.file("/etc/systemd/system/dlock-%s.service" % JOB).content_string
     assert "ExecStart=/usr/local/bin/dlock run --job %s\n" % JOB in unit
-    assert "SuccessExitStatus=73 74" in unit
+    assert "SuccessExitStatus=72 73 74" in unit
     assert "ProtectSystem=strict" in unit and "NoNewPrivileges=yes" in unit
     assert "LoadCredential=dlock-backend:/etc/dlock/backend.password" in unit
     assert "ProtectSystem" not in host.file("/etc/systemd/system/dlock-shell-line.service").content_string
