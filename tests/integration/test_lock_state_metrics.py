@@ -119,3 +119,24 @@ def test_a_job_file_that_does_not_load_hides_that_job_only(redis_server, unique_
     assert shown.returncode == 78, shown.stderr
     assert [row["job"] for row in json.loads(shown.stdout)] == [job]
     assert "dlock status: job broken left out: " in shown.stderr, shown.stderr
+
+
+def test_a_paused_job_exports_its_pause(redis_server, unique_key, tmp_path):
+    job = "job-" + unique_key[-6:]
+    flags = node(tmp_path, redis_server.url, job)
+    paused = run_dlock("pause", "--job", job, "--reason", "drill", "--until", "1h", flags[0], flags[1])
+    assert paused.returncode == 0, paused.stderr
+    try:
+        done = run_dlock("metrics", "--output", "-", *flags)
+        assert done.returncode == 0, done.stderr
+        labels = r'\{job="%s",key="%s"\}' % (job, job)
+        assert value(done.stdout, "dlock_paused" + labels) == 1
+        start = value(done.stdout, "dlock_pause_start_timestamp_seconds" + labels)
+        assert abs(value(done.stdout, "dlock_pause_until_timestamp_seconds" + labels) - (start + 3600)) < 0.01
+        assert abs(start - time.time()) < 60
+        promtool_clean(done.stdout)
+    finally:
+        assert run_dlock("resume", "--job", job, flags[0], flags[1]).returncode == 0
+    done = run_dlock("metrics", "--output", "-", *flags)
+    assert value(done.stdout, r'dlock_paused\{job="%s",key="%s"\}' % (job, job)) == 0
+    assert "dlock_pause_until_timestamp_seconds{" not in done.stdout
