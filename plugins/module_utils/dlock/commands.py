@@ -12,6 +12,7 @@ from . import clock, lockstate, report, validate
 from .backends import ALL_SCOPE, job_scope, open_backend
 from .config import load_job_settings, load_settings
 from .errors import EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
+from .slots import BOUNDARY_FORMAT
 from .validate import format_duration
 
 
@@ -202,7 +203,8 @@ def _operator():
 
 
 def _utc(seconds):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    """A moment as run ids and --until write it (slots.BOUNDARY_FORMAT)."""
+    return time.strftime(BOUNDARY_FORMAT, time.gmtime(seconds))
 
 
 def pause(args, flags):
