@@ -7,6 +7,7 @@ that Debian's package creates.
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -41,10 +42,40 @@ def url_of(request, kind, tmp_path):
     return request.getfixturevalue("pg_server").url(scheme=kind)
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports handed out by this process: a server gets its port only after it
+# starts, so two servers started together must not be given the same one.
+_HANDED_OUT = set()
+
+
 def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on, below the kernel's ephemeral range.
+
+    bind(port 0) would pick one inside that range, where any outgoing
+    connection of the busy machine (the other CI lanes, a test's own clients)
+    may take it before the server binds it: CI lost an etcd cluster to that
+    ("server exited with 1"). Below the range only a listener can hold it."""
+    rng = random.SystemRandom()
+    high = _ephemeral_low() - 1
+    for _attempt in range(200):
+        port = rng.randint(min(15000, high - 1000), high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free loopback port below %d" % (high + 1))
 
 
 def _wait_port(port, proc, timeout=30.0):
