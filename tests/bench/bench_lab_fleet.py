@@ -166,7 +166,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--period", type=int, default=5)
-    parser.add_argument("--slots", type=int, default=24)
+    parser.add_argument("--slots", type=int, default=24, help="slots a phase; 0: no slot phases (the handoff only)")
     parser.add_argument("--waiters", type=int, default=8)
     parser.add_argument("--grants", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
@@ -188,38 +188,49 @@ def main():
         print("site.yml on %d nodes in %.0fs" % (len(names), time.monotonic() - started))
         memory = [node_memory_kib(name) or 0 for name in nodes]
         print("job nodes after site.yml: memory (Pss) at most %.1f MiB a node" % (max(memory) / 1024.0))
-        print("\nslot accuracy, %d nodes, a slot every %ds, %d slots each:" % (len(nodes), args.period, args.slots))
-        print("%-22s %9s %7s %7s %9s %9s %9s %9s" % (
-            "RandomizedDelaySec", "slots run", "missed", "early", "late p50", "late p99", "late max", "losers"))
-        for delay in (0, 1):
-            row = run_slots(lab, nodes, args.period, args.slots, delay)
-            print("%-22s %9d %7d %7d %9.3f %9.3f %9.3f %9.1f%s" % (
-                "%gs" % delay, row["slots_run"], row["missed"], row["early"], row["late_p50"], row["late_p99"],
-                row["late_max"],
-                row["losers_per_slot"],
-                "  target p99 <= %gs: %s" % (TARGET_SLOT_P99, "met" if row["late_p99"] <= TARGET_SLOT_P99 else "NOT met")
-                if delay == 0 else ""))
-        backend = lab.group("dlock_backend")[0]
-        url = start_etcd(lab, backend)
-        waiters = nodes[:args.waiters]
-        for node in waiters:
-            lab.ssh(node, "install -m 0644 /dev/stdin /etc/dlock/bench-etcd.json", check=True,
-                    input=json.dumps({"backend": "etcd://%s:%d" % (lab.addr(backend), ETCD_PORT)}))
-        handoffs = {"dlock": [], "etcdctl": []}
-        for round_number in range(args.rounds):
-            for kind in (("dlock", "etcdctl") if round_number % 2 == 0 else ("etcdctl", "dlock")):
-                handoffs[kind] += handoff_round(lab, waiters, kind, args.grants, url)
-        print("\nhandoff, %d waiters on %d nodes, %d grants each, %d rounds (ms):" % (
-            len(waiters), len(waiters), args.grants, args.rounds))
-        print("%-9s %7s %7s %7s %7s" % ("", "count", "p50", "p99", "max"))
-        for kind, values in handoffs.items():
-            print("%-9s %7d %7.1f %7.1f %7.1f" % (
-                kind, len(values), 1000 * percentile(values, 0.5), 1000 * percentile(values, 0.99), 1000 * max(values)))
-        ratio = percentile(handoffs["dlock"], 0.5) / percentile(handoffs["etcdctl"], 0.5)
-        print("dlock / etcdctl, p50: %.2fx (target <= 1: %s)" % (ratio, "met" if ratio <= 1 else "NOT met"))
+        if args.slots:
+            slot_accuracy(lab, nodes, args)
+        handoff(lab, nodes, args)
     finally:
         if not args.keep:
             lab.down()
+
+
+def slot_accuracy(lab, nodes, args):
+    """The slot phases: without and with a randomized delay."""
+    print("\nslot accuracy, %d nodes, a slot every %ds, %d slots each:" % (len(nodes), args.period, args.slots))
+    print("%-22s %9s %7s %7s %9s %9s %9s %9s" % (
+        "RandomizedDelaySec", "slots run", "missed", "early", "late p50", "late p99", "late max", "losers"))
+    for delay in (0, 1):
+        row = run_slots(lab, nodes, args.period, args.slots, delay)
+        print("%-22s %9d %7d %7d %9.3f %9.3f %9.3f %9.1f%s" % (
+            "%gs" % delay, row["slots_run"], row["missed"], row["early"], row["late_p50"], row["late_p99"],
+            row["late_max"],
+            row["losers_per_slot"],
+            "  target p99 <= %gs: %s" % (TARGET_SLOT_P99, "met" if row["late_p99"] <= TARGET_SLOT_P99 else "NOT met")
+            if delay == 0 else ""))
+
+
+def handoff(lab, nodes, args):
+    """The handoff rounds, dlock and etcdctl interleaved, on the bench's own etcd."""
+    backend = lab.group("dlock_backend")[0]
+    url = start_etcd(lab, backend)
+    waiters = nodes[:args.waiters]
+    for node in waiters:
+        lab.ssh(node, "install -m 0644 /dev/stdin /etc/dlock/bench-etcd.json", check=True,
+                input=json.dumps({"backend": "etcd://%s:%d" % (lab.addr(backend), ETCD_PORT)}))
+    handoffs = {"dlock": [], "etcdctl": []}
+    for round_number in range(args.rounds):
+        for kind in (("dlock", "etcdctl") if round_number % 2 == 0 else ("etcdctl", "dlock")):
+            handoffs[kind] += handoff_round(lab, waiters, kind, args.grants, url)
+    print("\nhandoff, %d waiters on %d nodes, %d grants each, %d rounds (ms):" % (
+        len(waiters), len(waiters), args.grants, args.rounds))
+    print("%-9s %7s %7s %7s %7s" % ("", "count", "p50", "p99", "max"))
+    for kind, values in handoffs.items():
+        print("%-9s %7d %7.1f %7.1f %7.1f" % (
+            kind, len(values), 1000 * percentile(values, 0.5), 1000 * percentile(values, 0.99), 1000 * max(values)))
+    ratio = percentile(handoffs["dlock"], 0.5) / percentile(handoffs["etcdctl"], 0.5)
+    print("dlock / etcdctl, p50: %.2fx (target <= 1: %s)" % (ratio, "met" if ratio <= 1 else "NOT met"))
 
 
 if __name__ == "__main__":

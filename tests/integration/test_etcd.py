@@ -207,6 +207,63 @@ def test_waiting_wakes_on_the_release_by_watch(etcd_server, unique_key):
     b.close()
 
 
+def record_requests(backend):
+    """The paths of the requests `backend` sends from now on, in order."""
+    paths, post = [], backend.gateway.post
+
+    def recorded(path, payload, **kwargs):
+        paths.append(path)
+        return post(path, payload, **kwargs)
+    backend.gateway.post = recorded
+    return paths
+
+
+def test_a_handoff_is_one_write_to_release_and_two_to_grant(etcd_server, unique_key):
+    """From the job's end to the next job's grant, the fewest round trips:
+    the holder's release is one transaction (its lease, not a read, says
+    the key is ours) before the deletion the next waiter watches, and the
+    woken waiter sends a lease grant and the grant's transaction, which
+    deletes its ticket too (no read first, no revoke after)."""
+    a, b = open_backend(etcd_server.url), open_backend(etcd_server.url)
+    assert a.acquire(unique_key, "a", 30).granted
+    b.join_queue(unique_key, "b", 3)
+    assert b.acquire(unique_key, "b", 30).status == "locked"
+    before = watchers(etcd_server)
+    thread = threading.Thread(target=b.wait_change, args=(unique_key, 30))
+    thread.start()
+    wait_for(lambda: watchers(etcd_server) > before, 5, "the waiter's watch")
+    released = record_requests(a)
+    assert a.release(unique_key, "a")
+    thread.join(5)
+    assert not thread.is_alive(), "the release did not wake the waiter"
+    assert released == ["/kv/txn", "/lease/revoke"]
+    granting = record_requests(b)
+    assert b.acquire(unique_key, "b", 30).granted
+    assert granting == ["/lease/grant", "/kv/txn"]
+    assert b.line.waiters(unique_key) == 0  # the ticket went with the grant
+    b.leave_queue(unique_key, "b")
+    assert granting[2:] == ["/kv/range"]  # waiters() only: leaving had nothing left to do
+    assert b.query(unique_key).owner == "b"
+    assert b.release(unique_key, "b")
+    a.close()
+    b.close()
+
+
+def test_a_lease_check_release_refuses_a_key_that_is_not_on_our_lease(etcd_server, unique_key):
+    """The release without a read: a lock broken and taken by another since
+    our grant is not deleted, and says False."""
+    a, b = open_backend(etcd_server.url), open_backend(etcd_server.url)
+    assert a.acquire(unique_key, "a", 30).granted
+    b.force_release(unique_key)
+    assert b.acquire(unique_key, "b", 30).granted
+    assert a.release(unique_key, "a", last={"result": "success"}) is False
+    view = b.query(unique_key)
+    assert view.owner == "b" and view.last is None
+    assert b.release(unique_key, "b")
+    a.close()
+    b.close()
+
+
 def test_waiting_is_bounded_by_its_timeout(etcd_server, unique_key):
     a, b = open_backend(etcd_server.url), open_backend(etcd_server.url)
     assert a.acquire(unique_key, "a", 30).granted

@@ -107,9 +107,11 @@ class EtcdGrant(object):
 
     def _try(self, key, owner, ttl, slot, pauses):
         """A Grant, or None to try again (the slot moved, or a rerun's marker changed)."""
-        if self.line.waits(key, owner):
+        if self.line.waits(key, owner) and not self.line.first_try_after_wake(key):
             # A waiter: most of its tries are refused; a read says so without
-            # the lease grant and revoke (two writes through Raft) of a full try.
+            # the lease grant and revoke (two writes through Raft) of a full
+            # try. Woken by the deletion it watched, it is most likely next:
+            # the read would be a round trip between the release and the job.
             refusal = self.line.refused(key, owner)
             if refusal is not None:
                 return refusal
@@ -129,6 +131,7 @@ class EtcdGrant(object):
             return None
         if answer.get("succeeded"):
             self.leases[(key, owner)] = txn.lease
+            self.line.forget(key, owner)  # the transaction deleted our ticket (EtcdLine.granted)
             return Grant("granted", fence=revision)  # the lock key's create_revision
         return self._refused(key, owner, slot, txn, answer, revision, answered)
 
@@ -162,6 +165,7 @@ class EtcdGrant(object):
                            [{"request_put": {"key": lock, "value": b64(value), "lease": lease}},
                             {"request_put": {"key": b64(self.names.fence(key)), "value": ""}}],
                            [{"request_range": {"key": lock}}])
+        self.line.granted(key, owner, txn.success)
         if rerun_marker is not None:
             # The marker read (never a success), now ours, on its own lease: its expiry is kept.
             marker = b64(self.names.marker(key, slot))
@@ -203,6 +207,7 @@ class EtcdGrant(object):
             # Our own grant, applied by a try whose answer was lost before
             # another member was asked (a timeout is not a refusal).
             self.leases[(key, owner)] = txn.lease
+            self.line.forget(key, owner)
             return Grant("granted", fence=held.create_revision)
         txn.revoke(self.gateway)
         self.line.saw_refused(key, revision)
