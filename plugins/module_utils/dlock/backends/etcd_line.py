@@ -22,7 +22,7 @@ class EtcdLine(object):
         self._seen = {}  # key -> revision at which we last saw it held, for wait_change
         self._tickets = {}  # (key, owner) -> (lease id or None, create_revision) of our place in line
         self._watched = {}  # key -> the one name whose deletion moves us up the line (wait_change)
-        self._woken = set()  # keys whose last wait_change saw a deletion (first_try_after_wake)
+        self._woken = set()  # keys whose last wait_change saw the lock deleted (first_try_after_wake)
 
     def _range(self, key):
         queue = self.names.queue(key)
@@ -33,10 +33,14 @@ class EtcdLine(object):
         return (key, owner) in self._tickets
 
     def first_try_after_wake(self, key):
-        """Whether the last wait_change on key ended with the deletion it
-        watched (once: the next call says False). The waiter is then most
-        likely first in line with the lock free: the grant's own transaction
-        is its check, without the read of refused() before it."""
+        """Whether the last wait_change on key ended with the deletion of the
+        lock, which only the first in line watches (once: the next call says
+        False). The lock is then most likely free and ours: the grant's own
+        transaction is its check, without the read of refused() before it.
+        A waiter woken by the deletion of the ticket before its own reads
+        first: that deletion is most often the grant of the one before it,
+        and a refused grant costs three writes (a lease, the transaction and
+        the lease's revoke) where the read costs none."""
         if key in self._woken:
             self._woken.discard(key)
             return True
@@ -144,6 +148,7 @@ class EtcdLine(object):
         missed; at most `timeout`. Any trouble with the watch ends in a plain
         sleep: the caller asks again, and a backend that is down then says so."""
         request = self._watch_request(key)
+        watches_lock = request["key"] == b64(self.names.lock(key))
         deadline = time.monotonic() + timeout
         try:
             response = self.gateway.post("/watch", {"create_request": request}, stream=True, read_timeout=timeout)
@@ -154,8 +159,9 @@ class EtcdLine(object):
             for message in json_lines(response):
                 result = message.get("result", {})
                 if result.get("events"):
-                    self._woken.add(key)
-                    return  # deleted: ask again, with the grant itself
+                    if watches_lock:
+                        self._woken.add(key)
+                    return  # deleted: ask again
                 if result.get("canceled") or "error" in message:
                     return  # compacted past `since`: ask again
                 if time.monotonic() >= deadline:
