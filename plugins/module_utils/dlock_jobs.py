@@ -23,7 +23,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import COA
 UNIT_KEYS = (
     "name", "command", "shell", "schedule", "randomized_delay", "accuracy", "persistent", "user", "group",
     "environment", "working_directory", "description", "state", "hardening", "read_write_paths",
-    "unit_settings", "key",
+    "unit_settings", "key", "groups",
 )
 # systemd calendar expressions ("Mon..Fri *-*-* 02:00:00 Europe/Berlin",
 # "*:0/5", "hourly") never need %, \, quotes or other punctuation.
@@ -101,6 +101,8 @@ def _job_file(job, where, defaults, scheme):
     lock_options = LockOptions.from_mapping(effective, where, scheme)  # raises with the field's name
     if job.get("key") is not None:
         content["key"] = validate.lock_key(job["key"], "%s: key" % where)
+    if job.get("groups") is not None:
+        content["groups"] = validate.groups(job["groups"], "%s: groups" % where)
     if job.get("working_directory") is not None:
         content["working_directory"] = validate.path(job["working_directory"], "%s: working_directory" % where)
     if job.get("description"):

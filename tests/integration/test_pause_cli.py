@@ -86,6 +86,68 @@ def test_a_pause_of_every_lock_refuses_this_one_too(fleet):
     assert fleet.run()[0] == 0
 
 
+def write_job(jobs_dir, name, key, ledger, groups=None):
+    """A job file as the dlock_jobs role writes it: a job that appends its name to the ledger."""
+    content = {"command": [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')",
+                           ledger, name], "key": key}
+    if groups is not None:
+        content["groups"] = groups
+    (jobs_dir / (name + ".json")).write_text(json.dumps(content))
+
+
+def test_a_pause_of_a_group_refuses_its_jobs_and_no_other(any_url, unique_key, tmp_path):
+    jobs_dir, ledger = tmp_path / "jobs", tmp_path / "ledger"
+    jobs_dir.mkdir()
+    group = "g-" + unique_key[-6:]
+    write_job(jobs_dir, "billing", unique_key, str(ledger), [group, "nightly"])
+    write_job(jobs_dir, "report", unique_key + "-report", str(ledger))
+
+    def dlock(*args):
+        return run_dlock(*(args + ("--backend", any_url, "--jobs-dir", str(jobs_dir))))
+
+    done = dlock("pause", "--group", group, "--reason", REASON, "--until", "1h")
+    assert done.returncode == 0 and "paused group:%s until " % group in done.stdout, done.stderr
+    billing, report = dlock("run", "--job", "billing"), dlock("run", "--job", "report")
+    assert (billing.returncode, last_log(billing.stderr)["paused"]) == (72, "group:" + group), billing.stderr
+    assert report.returncode == 0, report.stderr
+    assert ledger.read_text() == "report\n"
+    rows = dict((row["job"], row["paused"]) for row in json.loads(dlock("status", "--json").stdout))
+    assert rows["billing"]["scope"] == "group:" + group and rows["report"] is None
+    assert "(group:%s): %s" % (group, REASON) in dlock("status").stdout
+
+    done = dlock("resume", "--group", group)
+    assert done.returncode == 0 and "resumed group:%s" % group in done.stdout, done.stderr
+    assert dlock("run", "--job", "billing").returncode == 0
+    assert ledger.read_text() == "report\nbilling\n"
+
+
+def test_a_group_no_job_is_in_is_refused_as_a_typo_unless_asked_for(fleet, tmp_path):
+    jobs_dir = tmp_path / "jobs"
+    jobs_dir.mkdir()
+    write_job(jobs_dir, "billing", fleet.key, fleet.ledger, ["ledger"])
+    args = ("--jobs-dir", str(jobs_dir), "--reason", REASON, "--until", "1h")
+    done = fleet.command("pause", "--group", "legder", *args)
+    assert done.returncode == 78, done.stderr
+    assert "--group: no job in %s is in group legder" % jobs_dir in done.stderr and "--any-group" in done.stderr
+    done = fleet.command("pause", "--group", "legder-" + fleet.key[-6:], "--any-group", *args)
+    assert done.returncode == 0, done.stderr
+    assert fleet.command("resume", "--group", "legder-" + fleet.key[-6:]).returncode == 0
+    for bad, message in (("led/ger", "is not a valid group name"), ("", "must not be empty"),
+                         ("led\nger", "holds a control character")):
+        done = fleet.command("pause", "--group", bad, "--any-group", *args)
+        assert done.returncode == 78 and "--group" in done.stderr and message in done.stderr, done.stderr
+    assert fleet.run()[0] == 0
+
+
+def test_a_job_file_s_bad_groups_stop_its_runs_with_a_config_error(fleet, tmp_path):
+    jobs_dir = tmp_path / "jobs"
+    jobs_dir.mkdir()
+    write_job(jobs_dir, "billing", fleet.key, fleet.ledger, "ledger")
+    done = run_dlock("run", "--job", "billing", "--jobs-dir", str(jobs_dir), "--backend", fleet.url)
+    assert done.returncode == 78 and "groups: 'ledger' must be a list of group names" in done.stderr
+    assert fleet.ran() == 0
+
+
 def test_a_pause_ends_by_itself_at_its_end(fleet):
     assert fleet.command("pause", "--key", fleet.key, "--reason", REASON, "--until", "2s").returncode == 0
     assert fleet.run()[0] == 72
@@ -133,6 +195,6 @@ def test_a_bad_scope_is_refused_and_nothing_is_paused(fleet, tmp_path, args, mes
 
 def test_the_scope_is_required_and_single(fleet):
     done = fleet.command("pause", "--reason", REASON, "--until", "1h")
-    assert done.returncode == 78 and "one of the arguments --job --key --all is required" in done.stderr
+    assert done.returncode == 78 and "one of the arguments --job --key --group --all is required" in done.stderr
     done = fleet.command("pause", "--all", "--key", fleet.key, "--reason", REASON, "--until", "1h")
     assert done.returncode == 78 and "not allowed with" in done.stderr

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import (
-    ALL_SCOPE, Pause, Slot, file_lock, job_scope, open_backend, pause_scopes)
+    ALL_SCOPE, Pause, Slot, file_lock, group_scope, job_scope, open_backend, pause_scopes)
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.etcd_lease import EtcdBackend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.file_lock import FileBackend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_common import LIVE_PAUSES
@@ -102,6 +102,32 @@ def test_the_job_pause_comes_before_the_fleets(two_clients, unique_key):
         b.resume(ALL_SCOPE)
 
 
+def test_a_pause_of_a_group_refuses_the_grants_of_its_jobs_only(two_clients, unique_key):
+    """A grant names its job's groups (pause_scopes(key, groups)); the
+    refusal names the first paused scope: the job's, then its groups', in
+    its order, then the fleet's."""
+    a, b = two_clients
+    group = "g-" + unique_key[-6:]
+    paused = b.pause(group_scope(group), "ledger freeze", LONG, "ops")
+    try:
+        refused = a.acquire(unique_key, "owner-a", 10, None, pause_scopes(unique_key, ["other", group]))
+        assert refused.status == "paused" and refused.pause.as_dict() == paused.as_dict()
+        assert refused.pause.scope == "group:" + group
+        # The same key named without the group (a job not in it), and another group's job: granted.
+        assert grant(a, unique_key, "owner-a").granted
+        assert a.release(unique_key, "owner-a")
+        assert a.acquire(unique_key, "owner-a", 10, None, pause_scopes(unique_key, ["other"])).granted
+        assert a.release(unique_key, "owner-a")
+        b.pause(job_scope(unique_key), "its own", LONG, "ops")
+        assert a.acquire(unique_key, "owner-a", 10, None, pause_scopes(unique_key, [group])).pause.reason == "its own"
+        assert [pause.scope for pause in b.read_pauses(list(pause_scopes(unique_key, [group])))] == [
+            job_scope(unique_key), group_scope(group)]
+    finally:
+        assert b.resume(group_scope(group)).as_dict() == paused.as_dict()
+    assert a.acquire(unique_key, "owner-a", 10, None, pause_scopes(unique_key, [group])).pause.scope == (
+        job_scope(unique_key))
+
+
 def test_a_pause_of_another_key_refuses_nothing(two_clients, unique_key):
     a, b = two_clients
     b.pause(job_scope(unique_key + "-other"), "not this one", LONG, "ops")
@@ -183,7 +209,7 @@ def test_read_pauses_gives_the_live_ones_in_the_order_asked(two_clients, unique_
 
 def test_a_scope_that_is_no_scope_is_refused(two_clients):
     _a, b = two_clients
-    for scope in ("job:../escape", "everything", "job:"):
+    for scope in ("job:../escape", "everything", "job:", "group:../escape", "group:", "group:a b"):
         with pytest.raises(ConfigError, match="pause scope"):
             b.pause(scope, "r", LONG, "ops")
 

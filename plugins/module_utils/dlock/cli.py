@@ -178,18 +178,20 @@ def _pause_scope(parser, verb):
     scope = parser.add_mutually_exclusive_group(required=True)
     scope.add_argument("--job", help="the job whose lock to %s" % verb)
     scope.add_argument("--key", help="a lock key (a job's is its name unless its file says otherwise)")
+    scope.add_argument("--group", metavar="NAME", help="the jobs whose `groups` list NAME")
     scope.add_argument("--all", action="store_true", help="every lock of the backend, whatever its job")
 
 
 def _add_pause(sub, raw):
     pause_p = sub.add_parser(
         "pause", help="refuse a job's runs, or every job's, on every node until a set time",
-        description="Pause the grants of a job's lock (or of every lock, --all) on the backend, so that on every "
-                    "node the job's runs exit 72 (skipped_paused) until the pause ends. The backend refuses the "
+        description="Pause the grants of a job's lock (of a group's jobs, --group; of every lock, --all) on the "
+                    "backend, so that on every node the job's runs exit 72 (skipped_paused) until the pause ends. The backend refuses the "
                     "grant itself, on its own clock, and ends the pause at --until by itself; `dlock resume` ends "
                     "it sooner. Pausing again replaces the pause. A run already going is not stopped.",
         epilog="examples:\n"
                "  dlock pause --job backup --reason 'INC-4211: storage migration' --until 2h\n"
+               "  dlock pause --group billing --reason 'ledger freeze, CHG-118' --until 6h\n"
                "  dlock pause --all --reason 'DC failover drill' --until 2026-11-27T05:00:00Z\n"
                "  dlock resume --job backup",
         formatter_class=raw)
@@ -198,13 +200,15 @@ def _add_pause(sub, raw):
                          help="why (required; every run it refuses logs it)")
     pause_p.add_argument("--until", required=True, metavar="DUR|TIME",
                          help="when it ends: a duration (2h; at most 30d) or a UTC moment (2026-11-27T05:00:00Z)")
+    pause_p.add_argument("--any-group", action="store_true",
+                         help="with --group: pause it although no job of this node is in it (else refused: a typo)")
     _backend_flags(pause_p)
 
 
 def _add_resume(sub, raw):
     resume_p = sub.add_parser("resume", help="end a pause now",
-                              description="End the pause of a job's lock (or the pause of every lock, --all). "
-                                          "A job paused by both needs both ended.")
+                              description="End the pause of a job's lock (of a group, --group; of every lock, "
+                                          "--all). A job paused by several needs each ended.")
     _pause_scope(resume_p, "resume")
     resume_p.add_argument("--reason", metavar="TEXT", help="why (logged)")
     _backend_flags(resume_p)

@@ -9,7 +9,7 @@ import sys
 import time
 
 from . import clock, lockstate, report, validate
-from .backends import ALL_SCOPE, job_scope, open_backend
+from .backends import ALL_SCOPE, GROUP_SCOPE, group_scope, job_scope, open_backend, pause_scopes
 from .config import load_job_settings, load_settings
 from .errors import EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
 from .slots import BOUNDARY_FORMAT
@@ -17,14 +17,19 @@ from .validate import format_duration
 
 
 def _jobs_to_show(settings, args, flags):
-    """([(job, key)], [(job, why its file does not load)]): the job or key
-    named, else every job of the jobs directory, each loaded on top of
-    `settings` (the global file is read once). A job file that does not
-    load hides that job only: the others are still shown and exported."""
+    """([(job, key, its groups)], [(job, why its file does not load)]): the
+    job or key named, else every job of the jobs directory. A job file that
+    does not load hides that job only: the others are still shown and exported."""
     if getattr(args, "key", None):
-        return [(args.job or "-", args.key)], []
+        return [(args.job or "-", args.key, settings.groups)], []
     if getattr(args, "job", None):
-        return [(args.job, settings.key)], []
+        return [(args.job, settings.key, settings.groups)], []
+    return _node_jobs(settings, flags)
+
+
+def _node_jobs(settings, flags):
+    """Every job of the jobs directory, as _jobs_to_show gives them, each
+    loaded on top of `settings` (the global file is read once)."""
     try:
         names = sorted(f[:-5] for f in os.listdir(settings.jobs_dir) if f.endswith(".json"))
     except OSError as exc:
@@ -32,7 +37,8 @@ def _jobs_to_show(settings, args, flags):
     jobs, invalid = [], []
     for name in names:
         try:
-            jobs.append((name, load_job_settings(settings, flags, name).key))
+            loaded = load_job_settings(settings, flags, name)
+            jobs.append((name, loaded.key, loaded.groups))
         except ConfigError as exc:
             invalid.append((name, str(exc)))
     return jobs, invalid
@@ -67,12 +73,12 @@ def _status_rows(settings, jobs):
     try:
         try:
             # One batch, not a round trip per lock (Backend.query_many).
-            views = backend.query_many([key for _job, key in jobs])
-            pauses = _pauses_by_scope(backend, [key for _job, key in jobs])
-            for (job, key), view in zip(jobs, views):
+            views = backend.query_many([key for _job, key, _groups in jobs])
+            pauses = _pauses_by_scope(backend, jobs)
+            for (job, key, groups), view in zip(jobs, views):
                 row = view.as_dict()
-                # The pause that refuses its grants: the job's own first, else the fleet's.
-                pause = pauses.get(job_scope(key)) or pauses.get(ALL_SCOPE)
+                # The pause that refuses its grants: the first of its scopes that is paused.
+                pause = next((pauses[scope] for scope in pause_scopes(key, groups) if scope in pauses), None)
                 row.update(job=job, paused=pause.as_dict() if pause else None)
                 rows.append(row)
         except BackendError as exc:
@@ -86,17 +92,21 @@ def _status_rows(settings, jobs):
     return rows, info, failure
 
 
-def _pauses_by_scope(backend, keys):
-    """{scope: Pause} of the live pauses of these keys and of every key, in one read."""
-    return dict((pause.scope, pause) for pause in backend.read_pauses([job_scope(key) for key in keys] + [ALL_SCOPE]))
+def _pauses_by_scope(backend, jobs):
+    """{scope: Pause} of the live pauses of these jobs' scopes, in one read."""
+    scopes = []
+    for _job, key, groups in jobs:
+        scopes += [scope for scope in pause_scopes(key, groups) if scope not in scopes]
+    return dict((pause.scope, pause) for pause in backend.read_pauses(scopes))
 
 
 def _pause_cell(row):
     pause = row.get("paused")
     if not pause:
         return "-"
-    return "until %s%s: %s" % (_utc(pause["until"]) if pause["until"] else "?",
-                               " (all)" if pause["scope"] == ALL_SCOPE else "", pause["reason"])
+    scope = pause["scope"]
+    whose = " (all)" if scope == ALL_SCOPE else " (%s)" % scope if scope.startswith(GROUP_SCOPE) else ""
+    return "until %s%s: %s" % (_utc(pause["until"]) if pause["until"] else "?", whose, pause["reason"])
 
 
 def _member_text(member):
@@ -186,9 +196,21 @@ def release(args, flags):
 
 
 def _pause_target(args, flags):
-    """(settings, the scope a pause or resume names: a job's key, or every key)."""
+    """(settings, the scope a pause or resume names: a job's key, a group's
+    jobs, or every key)."""
     if args.all:
         return load_settings(flags), ALL_SCOPE
+    if args.group is not None:
+        validate.group_name(args.group, "--group")
+        settings = load_settings(flags)
+        if args.command == "pause" and not args.any_group:
+            # A group no job of this node is in is a typo as likely as not:
+            # its pause would stop nothing (every node has the same jobs).
+            jobs, _invalid = _node_jobs(settings, flags)
+            if not any(args.group in groups for _job, _key, groups in jobs):
+                raise ConfigError("--group: no job in %s is in group %s (a job's `groups` list); "
+                                  "--any-group pauses it anyway" % (settings.jobs_dir, args.group))
+        return settings, group_scope(args.group)
     if args.key is not None:  # '' too: no key is not "the job's"
         validate.lock_key(args.key, "--key")
     # A job named must exist: a typo would pause a key no job uses.
@@ -304,7 +326,7 @@ def metrics(args, flags):
             rows, failure = None, exc
         finally:
             backend.close()
-    periods = lockstate.schedule_periods(args.unit_dir, [job for job, _key in jobs])
+    periods = lockstate.schedule_periods(args.unit_dir, [job for job, _key, _groups in jobs])
     text = report.render_families(lockstate.families(
         rows, periods, clock_check, time.time(), info,
         invalid_jobs=[name for name, _why in invalid]))

@@ -20,7 +20,7 @@ CREDENTIAL_NAME = "dlock-backend"  # systemd LoadCredential= name of the passwor
 GLOBAL_KEYS = ("backend", "password_file", "ca_file", "fence_epoch", "jobs_dir", "metrics_dir", "defaults")
 GLOBAL_PATHS = ("password_file", "ca_file", "jobs_dir", "metrics_dir")
 PATH_FLAGS = ("jobs_dir", "password_file", "ca_file", "metrics_dir")  # checked in the order --help lists them
-JOB_KEYS = ("command", "key", "environment", "working_directory", "description") + OPTION_NAMES
+JOB_KEYS = ("command", "key", "groups", "environment", "working_directory", "description") + OPTION_NAMES
 
 
 def validate_job_name(name):
@@ -74,6 +74,7 @@ class Settings(object):
     def __init__(self):
         self.job = None
         self.key = None
+        self.groups = []  # the job's groups: a pause of any of them pauses it (dlock pause --group)
         self.command = None
         self.environment = {}
         self.working_directory = None
@@ -138,6 +139,7 @@ def _load_job_fields(settings, flags, job_cfg, command=None, need_command=False,
     what the job runs (settings holds the global file's part)."""
     job_where = "job file %s" % settings.job_path
     settings.key = _job_key(flags, job_cfg, settings.job, job_where)
+    settings.groups = validate.groups(job_cfg.get("groups", []), "%s: groups" % job_where)
     settings.options = _lock_options(settings.defaults, job_cfg, flags, job_where, settings.scheme)
     if "description" in job_cfg:
         validate.text(job_cfg["description"], "%s: description" % job_where, allow_empty=True)

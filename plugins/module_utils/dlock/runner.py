@@ -23,12 +23,14 @@ from .validate import format_duration
 from .waiting import acquire as acquire_waiting
 
 
-def acquire(backend, key, owner, options, slot):
+def acquire(backend, key, owner, options, slot, groups=()):
     """(grant, attempts, deadline.now() when the granting request was sent):
     the boot-time clock the lease deadlines are judged on. A pause of the
-    job's key, or of every key, refuses the grant (base.pause_scopes)."""
+    job's key, of one of its `groups`, or of every key, refuses the grant
+    (base.pause_scopes)."""
     wait = options.wait_timeout if options.on_contention == "wait" else 0
-    return acquire_waiting(backend, key, owner, options.ttl, slot, wait, clock=now, pauses=pause_scopes(key))
+    return acquire_waiting(backend, key, owner, options.ttl, slot, wait, clock=now,
+                           pauses=pause_scopes(key, groups))
 
 
 class RunReport(object):
@@ -141,7 +143,8 @@ class Runner(object):
         """(grant, the boot-time clock when the granting request was sent), the
         attempts, the wait and the answering member in the report."""
         asked = time.monotonic()
-        grant, attempts, sent = acquire(backend, self.settings.key, self.owner, self.options, slot)
+        grant, attempts, sent = acquire(backend, self.settings.key, self.owner, self.options, slot,
+                                        self.settings.groups)
         if slot is not None:
             self.record["slot"] = slot.number
         self.record.update(attempt=attempts, wait_ms=int((time.monotonic() - asked) * 1000))

@@ -117,6 +117,29 @@ def lock_key(value, field="key"):
                 kind="lock key")
 
 
+# A group of jobs (a job's `groups`, `dlock pause --group`): a name as a
+# job's, which becomes part of a pause's key or file name on the backend.
+GROUP_NAME = JOB_NAME
+MAX_GROUPS = 16
+
+
+def group_name(value, field="group"):
+    return text(value, field, 64, GROUP_NAME,
+                "1-64 characters: letters, digits and _ . -, starting with a letter or digit", kind="group name")
+
+
+def groups(value, field="groups"):
+    """A job's groups: a list (never a string) of distinct group names, at most MAX_GROUPS."""
+    if isinstance(value, str):
+        _fail(field, value, "must be a list of group names, such as [billing] (the Unix group a job runs as "
+                            "is `group`)")
+    names = items(value, field, group_name, max_items=MAX_GROUPS)
+    repeated = sorted(set(name for name in names if names.count(name) > 1))
+    if repeated:
+        raise ConfigError("%s: names %s more than once" % (field, ", ".join(repeated)))
+    return names
+
+
 def unit_name(value, field):
     return text(value, field, 255, UNIT_NAME,
                 "a systemd unit's full name: letters, digits and : - _ . \\, an optional @instance, and its "

@@ -1,8 +1,8 @@
 """Backend selection by URL; drivers are imported only for the backend in use."""
 
 from ..validate import SCHEMES, backend_url
-from .base import (ALL_SCOPE, Backend, Grant, LockView, Pause, Slot, job_scope, pause_scopes,  # noqa: F401  (re-exported)
-                   scope_key, validate_key)
+from .base import (ALL_SCOPE, GROUP_SCOPE, Backend, Grant, LockView, Pause, Slot,  # noqa: F401  (re-exported)
+                   group_scope, job_scope, pause_scopes, scope_parts, validate_key)
 from .epoch import with_epoch
 
 

@@ -150,30 +150,41 @@ class Grant(object):
         return self.status == "granted"
 
 
-# What a pause covers: one lock key ("job:KEY") or every lock ("all"). A
-# grant names the scopes that pause it (pause_scopes); the backend refuses it
-# inside the grant's atomic step while any of them has a live pause.
+# What a pause covers: one lock key ("job:KEY"), the jobs of a group
+# ("group:NAME", a job's `groups`) or every lock ("all"). A grant names the
+# scopes that pause it (pause_scopes); the backend refuses it inside the
+# grant's atomic step while any of them has a live pause.
 ALL_SCOPE = "all"
+JOB_SCOPE = "job:"
+GROUP_SCOPE = "group:"
 
 
 def job_scope(key):
-    return "job:" + key
+    return JOB_SCOPE + key
 
 
-def pause_scopes(key):
-    """The scopes whose pause refuses a grant of `key`."""
-    return (job_scope(key), ALL_SCOPE)
+def group_scope(group):
+    return GROUP_SCOPE + group
 
 
-def scope_key(scope):
-    """The lock key a job's scope names, None for ALL_SCOPE: what a backend
-    names a pause's key or file by. Anything else is refused (a scope
-    becomes a file name in the file backend's directory)."""
+def pause_scopes(key, groups=()):
+    """The scopes whose pause refuses a grant of `key`, a job of `groups`:
+    the most particular first (a refusal names the first that is paused)."""
+    return (job_scope(key),) + tuple(group_scope(group) for group in groups) + (ALL_SCOPE,)
+
+
+def scope_parts(scope):
+    """(kind, name) of a scope: ("job", KEY), ("group", NAME) or ("all",
+    None), what a backend names a pause's key or file by. Anything else is
+    refused (a scope becomes a file name in the file backend's directory,
+    a key name in the others)."""
     if scope == ALL_SCOPE:
-        return None
-    if isinstance(scope, str) and scope.startswith(job_scope("")):
-        return validate_key(scope[len(job_scope("")):], "pause scope")
-    raise ConfigError("pause scope: %s is neither %r nor job:KEY" % (validate.shown(scope), ALL_SCOPE))
+        return "all", None
+    if isinstance(scope, str) and scope.startswith(JOB_SCOPE):
+        return "job", validate_key(scope[len(JOB_SCOPE):], "pause scope")
+    if isinstance(scope, str) and scope.startswith(GROUP_SCOPE):
+        return "group", validate.group_name(scope[len(GROUP_SCOPE):], "pause scope")
+    raise ConfigError("pause scope: %s is none of %r, job:KEY or group:NAME" % (validate.shown(scope), ALL_SCOPE))
 
 
 def pause_ms(seconds):

@@ -5,14 +5,14 @@ role with a readwrite permission on the prefix P/ suffices):
   P/KEY/slot/N  once-per marker of slot N (slots.py: the owner, or the outcome), with its own lease
   P/KEY/last    JSON of the last finished run
   P/KEY/queue/OWNER  a waiter's ticket, attached to a lease of its own
-  P/_pause/all, P/_pause/job/KEY  a pause (base.pause_scopes) of every lock, of
-                KEY's: its record (base.Pause), attached to a lease of its own
+  P/_pause/all, P/_pause/job/KEY, P/_pause/group/NAME  a pause (base.pause_scopes)
+                of every lock, of KEY's, of a group's: its record (base.Pause), attached to a lease of its own
                 whose TTL is the pause's length
 Lock keys cannot hold '/', so no key's names reach into another key's; nor
 start with '_', so no key's names reach into the pauses'.
 """
 
-from .base import scope_key
+from .base import scope_parts
 
 
 class KeyNames(object):
@@ -41,5 +41,5 @@ class KeyNames(object):
         return self.base(key) + "slot/%d" % slot.number
 
     def pause(self, scope):
-        key = scope_key(scope)
-        return "%s/_pause/%s" % (self.prefix, "all" if key is None else "job/" + key)
+        kind, name = scope_parts(scope)
+        return "%s/_pause/%s" % (self.prefix, kind if name is None else "%s/%s" % (kind, name))

@@ -13,7 +13,7 @@ the slots claimed whose expiry has not passed (slots.py: the owner, or the
 outcome): {"N": [marker, expiry]}.
 
 A pause of scope S (base.pause_scopes) is the file S.pause (job:KEY.pause,
-all.pause; no lock's file ends so), its record (base.Pause) replaced
+group:NAME.pause, all.pause; no lock's file ends so), its record (base.Pause) replaced
 atomically, live until the `until` it names on this host's clock (an
 unreadable one pauses until it is removed). _pause.lock orders pauses and
 grants (no key starts with '_'): a grant holds its flock shared while it
@@ -41,7 +41,7 @@ from ..errors import BackendError, ConfigError
 from ..safefile import read_regular, replace_file
 from ..slots import marker_owner, outcome_marker
 from ..validate import MAX_DURATION
-from .base import Backend, Grant, LockView, Pause, pause_ms, rerun_refusal, scope_key
+from .base import Backend, Grant, LockView, Pause, pause_ms, rerun_refusal, scope_parts
 
 POLL = 0.01
 MAX_FENCE = 2 ** 63 - 1
@@ -119,7 +119,7 @@ class FileBackend(Backend):
         return {} if text is None else _state(text)
 
     def _pause_path(self, scope):
-        scope_key(scope)  # checked: the scope is part of a file name
+        scope_parts(scope)  # checked: the scope is part of a file name
         return self._path(scope, ".pause")
 
     def _read_pause(self, scope):

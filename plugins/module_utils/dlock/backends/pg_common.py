@@ -11,7 +11,7 @@ import time
 from ..errors import BackendError, MissingDriver
 from ..slots import marker_owner, outcome_marker
 from ..validate import MAX_DURATION
-from .base import Backend, Grant, LockView, Pause, endpoint, grant_not_counted, lease_ms, pause_ms, rerun_refusal, scope_key
+from .base import Backend, Grant, LockView, Pause, endpoint, grant_not_counted, lease_ms, pause_ms, rerun_refusal, scope_parts
 from .pg_session import CommitUnknown, PgSession
 
 try:
@@ -529,7 +529,7 @@ class PgBackend(Backend):
 
     # -- pauses ---------------------------------------------------------------
     def pause(self, scope, reason, seconds, by):
-        scope_key(scope)  # checked: only a pause a grant can name is stored
+        scope_parts(scope)  # checked: only a pause a grant can name is stored
         params = {"scope": scope, "reason": reason, "by": by, "ms": pause_ms(seconds)}
 
         def write(conn):

@@ -25,7 +25,7 @@ import time
 from ..errors import AuthError, BackendError, MissingDriver, OutcomeUnknown
 from ..slots import DONE, SLOT_TRIES, marker_owner, outcome_marker
 from ..validate import MAX_DURATION
-from .base import Backend, Grant, LockView, Pause, endpoint, grant_not_counted, lease_ms, pause_ms, scope_key
+from .base import Backend, Grant, LockView, Pause, endpoint, grant_not_counted, lease_ms, pause_ms, scope_parts
 
 try:
     import redis
@@ -249,9 +249,11 @@ def _void(key, owner):
 
 def _pause_key(scope):
     """The key of a pause of `scope` (base.pause_scopes): a job's beside its
-    lock's keys, the fleet's under the ACL's ~dlock:* as well."""
-    key = scope_key(scope)
-    return "dlock:pause:all" if key is None else "dlock:{%s}:pause" % key
+    lock's keys, a group's and the fleet's under the ACL's ~dlock:* as well."""
+    kind, name = scope_parts(scope)
+    if kind == "job":
+        return "dlock:{%s}:pause" % name
+    return "dlock:pause:all" if name is None else "dlock:pause:%s:%s" % (kind, name)
 
 
 def _slot_marker(key, slot):

@@ -23,6 +23,11 @@ def test_durations_are_normalised_for_the_timer():
     assert (job["randomized_delay_sec"], job["accuracy_sec"]) == ("1.5s", "60s")
 
 
+def test_a_job_s_groups_go_to_its_file():
+    [job] = dlock_jobs([dict(GOOD, groups=["ledger", "nightly"])])
+    assert job["file"]["groups"] == ["ledger", "nightly"]
+
+
 def test_absent_job_needs_only_a_name():
     assert dlock_jobs([{"name": "old", "state": "absent"}]) == [{"name": "old", "state": "absent"}]
 
@@ -78,6 +83,9 @@ def test_absent_job_needs_only_a_name():
     ([dict(GOOD, state="gone")], "state must be present or absent"),
     ([dict(GOOD, environment={"1X": "y"})], "environment"),
     ("not a list", "must be a list"),
+    ([dict(GOOD, groups="ledger")], "(report): groups: 'ledger' must be a list of group names"),
+    ([dict(GOOD, groups=["ledger/x"])], "(report): groups[0]: 'ledger/x' is not a valid group name"),
+    ([dict(GOOD, groups=["a", "a"])], "(report): groups: names a more than once"),
 ])
 def test_bad_entries_are_refused_with_the_job_named(jobs, message):
     with pytest.raises(AnsibleFilterError) as err:
