@@ -3,13 +3,14 @@ job's runs exit 72 (skipped_paused) without starting the job, the log line
 says which pause refused it and why, the backend ends the pause at --until
 by itself, and bad values are refused before anything is written."""
 
+import contextlib
 import json
 import os
 import sys
 import time
 
 import pytest
-from runner_proc import last_log, run_dlock, wait_for
+from runner_proc import last_log, run_dlock, start_dlock, wait_for
 from servers import url_of
 
 REASON = "INC-4211: storage migration"
@@ -146,6 +147,76 @@ def test_a_job_file_s_bad_groups_stop_its_runs_with_a_config_error(fleet, tmp_pa
     done = run_dlock("run", "--job", "billing", "--jobs-dir", str(jobs_dir), "--backend", fleet.url)
     assert done.returncode == 78 and "groups: 'ledger' must be a list of group names" in done.stderr
     assert fleet.ran() == 0
+
+
+@pytest.fixture(params=["redis", "postgresql", "postgresql+advisory", "etcd"])
+def lease_url(request, tmp_path):
+    return url_of(request, request.param, tmp_path)
+
+
+@contextlib.contextmanager
+def holding(url, key, tmp_path):
+    """A run that holds key until killed (its runner); at the end it is
+    killed if still going, and the key's pause ended."""
+    started = tmp_path / "started"
+    runner = start_dlock("run", "--job", "billing", "--key", key, "--backend", url, "--ttl", "6s", "--",
+                         "sh", "-c", 'touch "$0"; exec sleep 120', str(started))
+    try:
+        wait_for(started.exists, 30, "the job to start")
+        yield runner
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        runner.communicate()
+        run_dlock("resume", "--key", key, "--backend", url)
+
+
+def pause_key(url, key, *extra):
+    return run_dlock("pause", "--key", key, "--reason", REASON, "--until", "1h", "--backend", url, *extra)
+
+
+def test_drain_kill_fences_the_run_going_on_and_its_runner_kills_it(lease_url, unique_key, tmp_path):
+    """The pause first, then the lock broken: its runner learns at its next
+    renewal (every ttl/3, 2s here) that the lease is gone and kills its job
+    (lock_lost); no run starts in between, paused."""
+    with holding(lease_url, unique_key, tmp_path) as runner:
+        done = pause_key(lease_url, unique_key, "--drain", "kill")
+        assert done.returncode == 0, done.stderr
+        assert "drained %s: the run of " % unique_key in done.stdout
+        broken = [line for line in map(json_or_none, done.stderr.splitlines()) if line and
+                  line.get("result") == "force_released"]
+        assert [(line["key"], line["reason"]) for line in broken] == [(unique_key, "drain: " + REASON)]
+        _out, err = runner.communicate(timeout=30)
+        assert (runner.returncode, last_log(err)["result"]) == (76, "lock_lost"), err
+        waiting = run_dlock("run", "--job", "billing", "--key", unique_key, "--backend", lease_url, "--", "true")
+        assert waiting.returncode == 72, waiting.stderr
+
+
+def test_drain_wait_lets_the_run_going_on_finish(unique_key, tmp_path, request):
+    url = url_of(request, "redis", tmp_path)
+    with holding(url, unique_key, tmp_path) as runner:
+        done = pause_key(url, unique_key)
+        assert done.returncode == 0 and "drained" not in done.stdout, done.stderr
+        assert run_dlock("status", "--key", unique_key, "--json", "--backend", url).stdout.count('"owner": "') == 1
+        assert runner.poll() is None
+
+
+def test_drain_kill_on_a_flock_says_the_run_goes_on_and_keeps_the_pause(unique_key, tmp_path, request):
+    url = url_of(request, "file", tmp_path)
+    with holding(url, unique_key, tmp_path) as runner:
+        done = pause_key(url, unique_key, "--drain", "kill")
+        assert done.returncode == 75, done.stderr
+        assert "is paused, but its run going on was not drained" in done.stderr
+        assert "a flock cannot be broken" in done.stderr and runner.poll() is None
+        status = json.loads(run_dlock("status", "--key", unique_key, "--json", "--backend", url).stdout)[0]
+        assert status["paused"]["reason"] == REASON
+
+
+def json_or_none(line):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def test_a_pause_ends_by_itself_at_its_end(fleet):

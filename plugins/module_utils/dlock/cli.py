@@ -188,10 +188,11 @@ def _add_pause(sub, raw):
         description="Pause the grants of a job's lock (of a group's jobs, --group; of every lock, --all) on the "
                     "backend, so that on every node the job's runs exit 72 (skipped_paused) until the pause ends. The backend refuses the "
                     "grant itself, on its own clock, and ends the pause at --until by itself; `dlock resume` ends "
-                    "it sooner. Pausing again replaces the pause. A run already going is not stopped.",
+                    "it sooner. Pausing again replaces the pause. A run already going is not stopped unless "
+                    "--drain kill.",
         epilog="examples:\n"
                "  dlock pause --job backup --reason 'INC-4211: storage migration' --until 2h\n"
-               "  dlock pause --group billing --reason 'ledger freeze, CHG-118' --until 6h\n"
+               "  dlock pause --group billing --reason 'ledger freeze, CHG-118' --until 6h --drain kill\n"
                "  dlock pause --all --reason 'DC failover drill' --until 2026-11-27T05:00:00Z\n"
                "  dlock resume --job backup",
         formatter_class=raw)
@@ -200,6 +201,10 @@ def _add_pause(sub, raw):
                          help="why (required; every run it refuses logs it)")
     pause_p.add_argument("--until", required=True, metavar="DUR|TIME",
                          help="when it ends: a duration (2h; at most 30d) or a UTC moment (2026-11-27T05:00:00Z)")
+    pause_p.add_argument("--drain", choices=("wait", "kill"), default="wait",
+                         help="the runs going on: wait lets them finish (the default); kill breaks their locks, "
+                              "so that each runner kills its job at its next renewal (the keys of the jobs of "
+                              "this node's jobs directory in the scope)")
     pause_p.add_argument("--any-group", action="store_true",
                          help="with --group: pause it although no job of this node is in it (else refused: a typo)")
     _backend_flags(pause_p)

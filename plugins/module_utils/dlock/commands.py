@@ -9,9 +9,9 @@ import sys
 import time
 
 from . import clock, lockstate, report, validate
-from .backends import ALL_SCOPE, GROUP_SCOPE, group_scope, job_scope, open_backend, pause_scopes
+from .backends import ALL_SCOPE, GROUP_SCOPE, group_scope, job_scope, open_backend, pause_scopes, scope_parts
 from .config import load_job_settings, load_settings
-from .errors import EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
+from .errors import EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
 from .slots import BOUNDARY_FORMAT
 from .validate import format_duration
 
@@ -229,21 +229,60 @@ def _utc(seconds):
     return time.strftime(BOUNDARY_FORMAT, time.gmtime(seconds))
 
 
+def _keys_in_scope(settings, flags, scope):
+    """The lock keys whose runs a pause of `scope` refuses, as far as this
+    node knows: the key named, else the keys of the jobs of its jobs
+    directory in the group, or of all of them."""
+    kind, name = scope_parts(scope)
+    if kind == "job":
+        return [name]
+    jobs, _invalid = _node_jobs(settings, flags)
+    return sorted(set(key for _job, key, groups in jobs if kind == "all" or name in groups))
+
+
+def _drain(backend, keys, scope, paused):
+    """--drain kill: break the lock of each run of `keys` going on (after the
+    pause is written, so no new run starts meanwhile). Its runner learns at
+    its next renewal that the lease is gone and kills its job, before the
+    lease could have expired (docs/runner.md, Pausing). Returns ([(key,
+    the holder broken)], [(key, why it could not be)])."""
+    drained, failed = [], []
+    for key, view in zip(keys, backend.query_many(keys)):
+        if view.owner is None:
+            continue
+        try:
+            holder = backend.force_release(key)
+        except DlockError as exc:
+            failed.append((key, str(exc)))
+            continue
+        drained.append((key, holder))
+        report.log_line({"key": key, "scope": scope, "result": "force_released", "previous_owner": holder.owner,
+                         "fence": holder.fence, "reason": "drain: %s" % paused.reason, "by": paused.by})
+    return drained, failed
+
+
 def pause(args, flags):
     validate.reason(args.reason)
     settings, scope = _pause_target(args, flags)
+    keys = _keys_in_scope(settings, flags, scope) if args.drain == "kill" else []
     backend = _open(settings)
     try:
         seconds = validate.pause_length(args.until, "--until", backend.server_time())
         paused = backend.pause(scope, args.reason, seconds, _operator())
+        report.log_line({"job": settings.job, "scope": scope, "result": "paused", "reason": paused.reason,
+                         "until": paused.until, "by": paused.by, "drain": args.drain})
+        sys.stdout.write("paused %s until %s (%s on the backend's clock), by %s: %s\n"
+                         % (scope, _utc(paused.until), format_duration(round(paused.until - paused.at)), paused.by,
+                            paused.reason))
+        drained, failed = _drain(backend, keys, scope, paused) if keys else ([], [])
     finally:
         backend.close()
-    report.log_line({"job": settings.job, "scope": scope, "result": "paused", "reason": paused.reason,
-                     "until": paused.until, "by": paused.by})
-    sys.stdout.write("paused %s until %s (%s on the backend's clock), by %s: %s\n"
-                     % (scope, _utc(paused.until), format_duration(round(paused.until - paused.at)), paused.by,
-                        paused.reason))
-    return 0
+    for key, holder in drained:
+        sys.stdout.write("drained %s: the run of %s (fence %s) is killed at its runner's next renewal\n"
+                         % (key, holder.owner, holder.fence))
+    for key, why in failed:
+        sys.stderr.write("dlock pause: %s is paused, but its run going on was not drained: %s\n" % (key, why))
+    return EXIT_BACKEND if failed else 0
 
 
 def resume(args, flags):
