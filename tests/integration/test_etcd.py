@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from runner_proc import last_log, run_dlock, start_dlock
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend, pause_scopes
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend, pause_scopes
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, ConfigError
 
 import servers
@@ -264,6 +264,37 @@ def test_a_lease_check_release_refuses_a_key_that_is_not_on_our_lease(etcd_serve
     b.close()
 
 
+def proposals(server):
+    """Raft proposals the member committed (its Prometheus metrics): every write."""
+    url = "http://127.0.0.1:%d/metrics" % server.client_ports[0]
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        text = answer.read().decode()
+    return int(float(re.search(r"^etcd_server_proposals_committed_total (\S+)$", text, re.M).group(1)))
+
+
+def test_a_refused_grant_writes_nothing(own_etcd, unique_key):
+    """What most grants of a fleet find (the lock held, the slot done, a
+    pause): the grant's compares, read-only, say so; no lease is granted and
+    revoked, no transaction goes through Raft. A free lock is still granted."""
+    holder, other = open_backend(own_etcd.url), open_backend(own_etcd.url)
+    slot = Slot(int(time.time() // 3600), 5400.0, width=3600.0)
+    assert holder.acquire(unique_key, "a", 30, slot).granted
+    before = proposals(own_etcd)
+    asked = record_requests(other)
+    assert other.acquire(unique_key, "b", 30).status == "locked"
+    assert other.acquire(unique_key + "-slot", "b", 30, slot).granted is True
+    assert other.release(unique_key + "-slot", "b", last={"result": "success"}, slot=slot)
+    written = proposals(own_etcd) - before
+    asked.clear()
+    before = proposals(own_etcd)
+    assert other.acquire(unique_key + "-slot", "b", 30, slot).status == "duplicate"
+    assert other.acquire(unique_key, "b", 30).status == "locked"
+    assert proposals(own_etcd) == before and written > 0
+    assert "/lease/grant" not in asked and "/lease/revoke" not in asked, asked
+    holder.close()
+    other.close()
+
+
 def test_waiting_is_bounded_by_its_timeout(etcd_server, unique_key):
     a, b = open_backend(etcd_server.url), open_backend(etcd_server.url)
     assert a.acquire(unique_key, "a", 30).granted
@@ -426,8 +457,10 @@ def test_a_slow_member_is_waited_on_and_a_frozen_one_left_for_another(served, un
         assert backend.renew(unique_key, "a", 30) is True
         # Each request within its op_timeout, and with auth the login before
         # the first one within its own (it waits as long as the request); 1 s
-        # for a loaded machine (CI8 took 5.8 s of the 6 s with auth).
-        requests = 2 + (1 if password else 0)
+        # for a loaded machine (CI8 took 5.8 s of the 6 s with auth). The
+        # grant: its read-only check, the lease grant, the transaction; the
+        # renewal: the keep-alive and the read of the key.
+        requests = 3 + 2 + (1 if password else 0)
         assert time.monotonic() - started < 2.0 * requests + 1.0
         for proxy in proxies:
             proxy.delay = 0.0

@@ -76,7 +76,8 @@ class _Transaction(object):
 
     def revoke(self, gateway):
         """Revoke what was granted for a transaction that took nothing (its keys go with them)."""
-        gateway.revoke(self.lease)
+        if self.lease:
+            gateway.revoke(self.lease)
         if self.marker_lease:
             gateway.revoke(self.marker_lease)
 
@@ -107,19 +108,31 @@ class EtcdGrant(object):
 
     def _try(self, key, owner, ttl, slot, pauses):
         """A Grant, or None to try again (the slot moved, or a rerun's marker changed)."""
-        if self.line.waits(key, owner) and not self.line.first_try_after_wake(key):
-            # A waiter: most of its tries are refused; a read says so without
-            # the lease grant and revoke (two writes through Raft) of a full
-            # try. Woken by the deletion it watched, it is most likely next:
-            # the read would be a round trip between the release and the job.
+        seen = None
+        waiter = self.line.waits(key, owner)
+        if waiter and not self.line.first_try_after_wake(key):
+            # A waiter: most of its tries are refused; its read says so and
+            # names the ticket to watch. Woken by the lock's deletion, it is
+            # most likely next: the read would be a round trip between the
+            # release and the job.
             refusal = self.line.refused(key, owner)
             if refusal is not None:
                 return refusal
-        seen = None
         if slot is not None and slot.rerun:
             seen = self._rerun_marker(key, slot)
             if isinstance(seen, Grant):
                 return seen
+        elif not waiter:
+            # The grant's compares, read-only: when they fail (the lock is
+            # held, the slot done, a pause on: what most tries of a fleet
+            # find, all nodes but one), the answer is the refusal, without
+            # the writes through Raft of a full try (a lease grant, the
+            # transaction, the revoke; with once_per, a second lease and its
+            # revoke). When they hold, the full try decides.
+            check = self._transaction(key, owner, ttl, slot, None, pauses, check_only=True)
+            answer, answered = self._send(check)
+            if not answer.get("succeeded"):
+                return self._refused(key, owner, slot, check, answer, int(answer["header"]["revision"]), answered)
         txn = self._transaction(key, owner, ttl, slot, seen, pauses)
         answer, answered = self._send(txn)
         revision = int(answer["header"]["revision"])
@@ -154,10 +167,12 @@ class EtcdGrant(object):
             return Grant(refusal, holder=LockView(key, owner=marker_owner(marker.value)))
         return Grant(refusal) if refusal else marker
 
-    def _transaction(self, key, owner, ttl, slot, rerun_marker, pauses):
-        """The lease, and the transaction that puts the lock key on it."""
+    def _transaction(self, key, owner, ttl, slot, rerun_marker, pauses, check_only=False):
+        """The lease, and the transaction that puts the lock key on it; with
+        check_only, its compares and reads alone (no lease, no write: etcd
+        serves it as a read)."""
         lock = b64(self.names.lock(key))
-        lease = self.gateway.grant_lease(lease_seconds(ttl, "ttl", self.min_ttl))
+        lease = None if check_only else self.gateway.grant_lease(lease_seconds(ttl, "ttl", self.min_ttl))
         value = json.dumps({"owner": owner, "acquired_at": time.time()}, sort_keys=True)
         txn = _Transaction(lease,
                            [{"key": lock, "target": "CREATE", "result": "EQUAL", "create_revision": 0},
@@ -176,7 +191,8 @@ class EtcdGrant(object):
             txn.failure.append({"request_range": {"key": marker}})
         elif slot is not None:
             marker = b64(self.names.marker(key, slot))
-            txn.marker_lease = self.gateway.grant_lease(lease_seconds(slot.marker_ttl, "once_per marker", 1.0))
+            if not check_only:
+                txn.marker_lease = self.gateway.grant_lease(lease_seconds(slot.marker_ttl, "once_per marker", 1.0))
             txn.compare.append({"key": marker, "target": "CREATE", "result": "EQUAL", "create_revision": 0})
             txn.success.append({"request_put": {"key": marker, "value": b64(owner), "lease": txn.marker_lease}})
             txn.failure.append({"request_range": {"key": marker}})
@@ -185,6 +201,8 @@ class EtcdGrant(object):
             txn.compare.append({"key": name, "target": "VERSION", "result": "EQUAL", "version": 0})
             txn.failure.append({"request_range": {"key": name}})
         txn.scopes = tuple(pauses)
+        if check_only:
+            txn.success = []
         return txn
 
     def _send(self, txn):
