@@ -59,6 +59,15 @@ class Ansible(object):
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
 
+    def module(self, module, args, *options, extra_vars=None):
+        """`ansible localhost -m dlock.fleet.MODULE -a ARGS` with this
+        inventory, ARGS and EXTRA_VARS given as JSON: (rc, result dict, output)."""
+        out = subprocess.run([os.path.join(BIN, "ansible"), "localhost", "-i", self.inventory,
+                              "-m", "dlock.fleet." + module, "-a", json.dumps(args),
+                              "-e", json.dumps(extra_vars or {})] + list(options),
+                             env=ansible_env(), capture_output=True, text=True, timeout=180, check=False)
+        return out.returncode, adhoc_result(out.stdout), out.stdout + out.stderr
+
     def adhoc(self, args, *options):
         """`ansible localhost -m dlock.fleet.dlock -a ARGS`: (rc, result dict, output).
         The timeout only catches a hang: a live call starved of CPU beside

@@ -16,19 +16,16 @@ lease for the rest of the run (dlock_hold_process.py).
 from __future__ import annotations
 
 from ansible import constants as C
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.module_utils.common.parameters import remove_values
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.config import read_secret
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import duration as parse_duration
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock_args import (
-    BACKEND_VAR, MUTUALLY_EXCLUSIVE, REQUIRED_IF, argument_spec)
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import LockFailed, check_params
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_args import MUTUALLY_EXCLUSIVE, REQUIRED_IF, argument_spec
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import check_params
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import run as run_lock
-from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_backend_options import backend_from_record, merge_backend
+from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_action import BackendAction
+from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_backend_options import task_parameters
 from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_hold_process import run_with_hold
 from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_run_owner import run_owner
 
@@ -37,42 +34,19 @@ display = Display()
 MODULE = "dlock.fleet.dlock"
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _supports_check_mode = True
-    _supports_async = False
-
-    def run(self, tmp=None, task_vars=None):
-        task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
-        del tmp
-        hidden = set()
-        try:
-            args, params = self._task_params(task_vars, hidden)
-            if params["run_on"] == "target":
-                result.update(self._on_target(args, params, task_vars))
-            else:
-                result.update(self._on_controller(params, hidden))
-        except LockFailed as exc:
-            result.update(exc.result, failed=True, msg=exc.msg)
-        except ConfigError as exc:
-            result.update(failed=True, msg=str(exc))
-        return remove_values(result, hidden)
+class ActionModule(BackendAction):
+    def task(self, task_vars, hidden):
+        args, params = self._task_params(task_vars, hidden)
+        if params["run_on"] == "target":
+            return self._on_target(args, params, task_vars)
+        return self._on_controller(params, hidden)
 
     def _task_params(self, task_vars, hidden):
         """(the task's args with the backend filled in, its parameters
         validated); adds the password to HIDDEN as soon as it is known."""
-        args = merge_backend(self._task.args, self._templar.template(task_vars.get(BACKEND_VAR)))
-        # The record names files on the controller: a task run on a target names its own backend.
-        if not args.get("backend_url") and args.get("run_on", "controller") != "target":
-            args = backend_from_record(args, task_vars)
-        if args.get("backend_password"):
-            hidden.add(args["backend_password"])
-        validation = ArgumentSpecValidator(argument_spec(), mutually_exclusive=MUTUALLY_EXCLUSIVE,
-                                           required_if=REQUIRED_IF).validate(args)
-        if validation.error_messages:
-            raise ConfigError("; ".join(validation.error_messages))
-        params = validation.validated_parameters
+        args, params = task_parameters(self, task_vars, hidden, argument_spec(),
+                                       on_controller=self._task.args.get("run_on", "controller") != "target",
+                                       mutually_exclusive=MUTUALLY_EXCLUSIVE, required_if=REQUIRED_IF)
         params["owner"] = params["owner"] or run_owner(C.DEFAULT_LOCAL_TMP)
         # Before any value is used, shown (-vvv) or sent to a target.
         check_params(params)

@@ -27,7 +27,7 @@ options:
   backend_password_file:
     description:
       - File holding the backend password (one line), read on the host that runs the lock
-        operation (the controller unless O(run_on=target)).
+        operation: the controller, unless M(dlock.fleet.dlock) runs on the target (C(run_on=target)).
       - Defaults to C(password_file) of the inventory variable C(dlock_backend).
     type: path
   ca_file:
@@ -64,7 +64,8 @@ notes:
     Its C(url), C(password_file), C(ca_file) and C(fence_epoch) are filled in as C(dlock_backend)'s are. A password given to
     C(site.yml) as a variable is written nowhere; give it as C(password) of C(dlock_backend) then.
   - The backend's driver (see the requirements) is needed on the host that runs the lock operation, the
-    controller unless O(run_on=target), and only the one of the backend in use.
+    controller unless M(dlock.fleet.dlock) runs on the target (C(run_on=target)), and only the one of the backend
+    in use.
 # ansible-doc joins the requirements with commas: each is a phrase, not a sentence.
 requirements:
   - redis >= 4.3 (Python package) for V(redis://) and V(rediss://)

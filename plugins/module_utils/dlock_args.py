@@ -18,8 +18,23 @@ BACKEND_FIELDS = {
 }
 
 
+def backend_argument_spec():
+    """The options of the doc fragment dlock.fleet.backend: every module that talks to a lock backend."""
+    return dict(
+        backend_url=dict(type="str"),
+        backend_password=dict(type="str", no_log=True),
+        backend_password_file=dict(type="path", no_log=False),
+        ca_file=dict(type="path"),
+        # Durations: seconds, or text such as 500ms or 5s (parsed by the engine).
+        op_timeout=dict(type="raw", default=2),
+        # Checked by the engine's validation core (a bool or 1.5 is refused, not coerced).
+        fence_epoch=dict(type="raw", default=0),
+    )
+
+
 def argument_spec():
     return dict(
+        backend_argument_spec(),
         key=dict(type="str", required=True, no_log=False),
         state=dict(type="str", default="acquired", choices=["acquired", "released", "query"]),
         # Durations: seconds, or text such as 500ms, 90s, 5m, 1h (parsed by the engine).
@@ -30,13 +45,6 @@ def argument_spec():
         owner=dict(type="str"),
         hold=dict(type="bool", default=False),
         run_on=dict(type="str", default="controller", choices=["controller", "target"]),
-        backend_url=dict(type="str"),
-        backend_password=dict(type="str", no_log=True),
-        backend_password_file=dict(type="path", no_log=False),
-        ca_file=dict(type="path"),
-        op_timeout=dict(type="raw", default=2),
-        # Checked by the engine's validation core (a bool or 1.5 is refused, not coerced).
-        fence_epoch=dict(type="raw", default=0),
     )
 
 

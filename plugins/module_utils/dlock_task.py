@@ -58,28 +58,16 @@ def check_params(params):
     Request(params, read_files=False)
 
 
-class Request(object):
-    """The task's parameters, checked and converted (ConfigError when wrong)."""
+class BackendRequest(object):
+    """The backend options of a task (the doc fragment dlock.fleet.backend),
+    checked and converted (ConfigError when wrong): what every module that
+    talks to a lock backend takes."""
 
     def __init__(self, params, read_files=True):
-        self.state = params["state"]
         self.url = params.get("backend_url")
-        scheme = check_backend_url(self.url).scheme
-        self.key = validate.lock_key(params["key"], "key")
-        self.ttl = check_backend_ttl(validate.duration(params["ttl"], "ttl", MIN_TTL), scheme)
-        self.wait = validate.duration(params["wait"], "wait")
+        self.scheme = check_backend_url(self.url).scheme
         self.op_timeout = validate.duration(params["op_timeout"], "op_timeout", positive=True)
         self.fence_epoch = validate.fence_epoch(params.get("fence_epoch", 0), "fence_epoch")
-        self.force = params["force"]
-        self.reason = params.get("reason")
-        if self.reason is not None:
-            validate.text(self.reason, "reason", 500, allow_empty=True)
-        if self.force and self.state != "released":
-            raise ConfigError("force: only applies to state=released")
-        if self.force and not (self.reason or "").strip():
-            raise ConfigError("reason: say why the lock is broken (force=true needs a reason)")
-        if params.get("hold") and self.state != "acquired":
-            raise ConfigError("hold: only applies to state=acquired")
         self.ca_file = params.get("ca_file")
         if self.ca_file is not None:
             validate.path(self.ca_file, "ca_file")
@@ -92,6 +80,27 @@ class Request(object):
             validate.path(params["backend_password_file"], "backend_password_file")
             if read_files:
                 self.password = read_secret(params["backend_password_file"], "backend_password_file")
+
+
+class Request(BackendRequest):
+    """The task's parameters, checked and converted (ConfigError when wrong)."""
+
+    def __init__(self, params, read_files=True):
+        self.state = params["state"]
+        BackendRequest.__init__(self, params, read_files)
+        self.key = validate.lock_key(params["key"], "key")
+        self.ttl = check_backend_ttl(validate.duration(params["ttl"], "ttl", MIN_TTL), self.scheme)
+        self.wait = validate.duration(params["wait"], "wait")
+        self.force = params["force"]
+        self.reason = params.get("reason")
+        if self.reason is not None:
+            validate.text(self.reason, "reason", 500, allow_empty=True)
+        if self.force and self.state != "released":
+            raise ConfigError("force: only applies to state=released")
+        if self.force and not (self.reason or "").strip():
+            raise ConfigError("reason: say why the lock is broken (force=true needs a reason)")
+        if params.get("hold") and self.state != "acquired":
+            raise ConfigError("hold: only applies to state=acquired")
         self.owner = params.get("owner")
         if self.owner is not None:
             validate.text(self.owner, "owner", 200)
@@ -103,13 +112,22 @@ class Request(object):
 
 def run(params, check_mode=False, diff=False):
     """The result dict of the task; raises LockFailed."""
+    return with_backend(params, Request, lambda backend, request: OPERATIONS[request.state](
+        backend, request, check_mode, diff))
+
+
+def with_backend(params, request_class, operation):
+    """operation(backend, request) on the backend of the task's parameters,
+    checked by request_class (a BackendRequest); engine errors become a
+    LockFailed that says what to do, here in one place."""
     url = validate.redact_url(params.get("backend_url"))
+    request = None
     try:
-        request = Request(params)
+        request = request_class(params)
         backend = open_backend(request.url, request.password, request.op_timeout, request.ca_file,
                                request.fence_epoch)
         try:
-            return OPERATIONS[request.state](backend, request, check_mode, diff)
+            return operation(backend, request)
         finally:
             backend.close()
     except MissingDriver as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.utils.display import Display
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
@@ -108,6 +109,23 @@ def backend_record(path):
     if data.get("fence_epoch") is not None:
         record["fence_epoch"] = validate.fence_epoch(data["fence_epoch"], "%s: fence_epoch" % where)
     return record
+
+
+def task_parameters(action, task_vars, hidden, spec, on_controller=True, **rules):
+    """(the task's args with the backend filled in, its parameters validated
+    against SPEC and RULES: ArgumentSpecValidator's mutually_exclusive,
+    required_if...) of ACTION, an action plugin. The password goes into
+    HIDDEN as soon as it is known. A task that runs on its target names its
+    own backend: the record names files on the controller."""
+    args = merge_backend(action._task.args, action._templar.template(task_vars.get(BACKEND_VAR)))
+    if not args.get("backend_url") and on_controller:
+        args = backend_from_record(args, task_vars)
+    if args.get("backend_password"):
+        hidden.add(args["backend_password"])
+    validation = ArgumentSpecValidator(spec, **rules).validate(args)
+    if validation.error_messages:
+        raise ConfigError("; ".join(validation.error_messages))
+    return args, validation.validated_parameters
 
 
 def backend_from_record(args, task_vars):

@@ -12,6 +12,7 @@ from . import clock, lockstate, report, validate
 from .backends import ALL_SCOPE, GROUP_SCOPE, group_scope, job_scope, open_backend, pause_scopes, scope_parts
 from .config import load_job_settings, load_settings
 from .errors import EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
+from .owner import operator
 from .slots import BOUNDARY_FORMAT
 from .validate import format_duration
 
@@ -218,12 +219,6 @@ def _pause_target(args, flags):
     return settings, job_scope(settings.key)
 
 
-def _operator():
-    """Who paused: the user (the one behind sudo, when there is one) at this host."""
-    import getpass
-    return "%s@%s" % (os.environ.get("SUDO_USER") or getpass.getuser(), socket.gethostname())
-
-
 def _utc(seconds):
     """A moment as run ids and --until write it (slots.BOUNDARY_FORMAT)."""
     return time.strftime(BOUNDARY_FORMAT, time.gmtime(seconds))
@@ -268,7 +263,7 @@ def pause(args, flags):
     backend = _open(settings)
     try:
         seconds = validate.pause_length(args.until, "--until", backend.server_time())
-        paused = backend.pause(scope, args.reason, seconds, _operator())
+        paused = backend.pause(scope, args.reason, seconds, operator())
         report.log_line({"job": settings.job, "scope": scope, "result": "paused", "reason": paused.reason,
                          "until": paused.until, "by": paused.by, "drain": args.drain})
         sys.stdout.write("paused %s until %s (%s on the backend's clock), by %s: %s\n"
@@ -295,7 +290,7 @@ def resume(args, flags):
     finally:
         backend.close()
     report.log_line({"job": settings.job, "scope": scope, "result": "resumed" if ended else "not_paused",
-                     "reason": args.reason, "by": _operator(),
+                     "reason": args.reason, "by": operator(),
                      "pause_reason": ended.reason if ended else None})
     sys.stdout.write("resumed %s (paused by %s: %s)\n" % (scope, ended.by, ended.reason) if ended
                      else "%s was not paused\n" % scope)

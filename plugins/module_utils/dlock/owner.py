@@ -13,6 +13,13 @@ def hostname():
     return os.uname().nodename
 
 
+def operator():
+    """Who pauses or breaks a lock by hand: the user (the one behind sudo,
+    when there is one) at this host, as `user@host`."""
+    import getpass
+    return "%s@%s" % (os.environ.get("SUDO_USER") or getpass.getuser(), hostname())
+
+
 def new_owner(prefix=None):
     """Owner token: who holds it (for humans) plus 96 random bits (for safety)."""
     # os.urandom is what secrets uses; importing secrets costs every run ~5ms.

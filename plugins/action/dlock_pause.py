@@ -1,0 +1,73 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, dlock.fleet developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+"""Controller side of dlock.fleet.dlock_pause.
+
+Fills the backend options as dlock.fleet.dlock's action plugin does (the
+inventory variable dlock_backend, else site.yml's record), looks the job or
+group up in the host's dlock_jobs_list (a typo is refused; drain=kill gets
+the lock keys of the jobs in the scope), and runs the pause in the
+controller's Python.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_args import MUTUALLY_EXCLUSIVE
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_pause_task import argument_spec, check_params, run
+from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_action import BackendAction
+from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_backend_options import task_parameters
+
+JOBS_VAR = "dlock_jobs_list"
+
+
+class ActionModule(BackendAction):
+    def task(self, task_vars, hidden):
+        params = task_parameters(self, task_vars, hidden, argument_spec(), mutually_exclusive=MUTUALLY_EXCLUSIVE)[1]
+        check_params(params)  # before any value is used or shown
+        jobs = self._templar.template(task_vars[JOBS_VAR]) if JOBS_VAR in task_vars else None
+        return run(resolve_scope(params, jobs), bool(self._task.check_mode), bool(self._task.diff))
+
+
+def resolve_scope(params, jobs):
+    """PARAMS with the job given as its lock key, and with drain=kill the
+    lock keys to drain, from the host's job list JOBS (None: not defined).
+    A job not in the list, or a group no job of it is in, is refused: a
+    typo would pause nothing."""
+    params = dict(params)
+    entries = _present_jobs(jobs)
+    if params.get("job") is not None:
+        name = validate.job_name(params["job"], "job")
+        if entries is None or name not in entries:
+            raise ConfigError("job: %s is not a job of %s on this host%s; to pause a lock by its key, give key"
+                              % (name, JOBS_VAR, "" if entries is not None else " (not defined)"))
+        params["job"], params["key"] = None, entries[name][0]
+    if params.get("group") is not None and params.get("state") == "paused":
+        group = validate.group_name(params["group"], "group")
+        if entries is None or not any(group in groups for _key, groups in entries.values()):
+            raise ConfigError("group: no job of %s on this host is in group %s (a job's groups list)"
+                              % (JOBS_VAR, group))
+    if params.get("drain") == "kill" and params.get("key") is None:
+        if entries is None:
+            raise ConfigError("drain=kill: needs %s on this host, to find the locks of the jobs to drain" % JOBS_VAR)
+        group = params.get("group")
+        params["drain_keys"] = sorted(set(key for key, groups in entries.values() if group is None or group in groups))
+    return params
+
+
+def _present_jobs(jobs):
+    """{name: (lock key, groups)} of the present jobs of a dlock_jobs_list, or
+    None when the host has none; every value through the validation core."""
+    if jobs is None:
+        return None
+    entries = {}
+    for index, job in enumerate(validate.items(jobs, JOBS_VAR, validate.mapping, max_items=100000)):
+        where = "%s[%d]" % (JOBS_VAR, index)
+        if job.get("state", "present") == "absent":
+            continue
+        name = validate.job_name(job.get("name"), "%s: name" % where)
+        key = validate.lock_key(job["key"], "%s: key" % where) if job.get("key") is not None else name
+        entries[name] = (key, validate.groups(job.get("groups") or [], "%s: groups" % where))
+    return entries

@@ -1,0 +1,177 @@
+# -*- coding: utf-8 -*-
+# Copyright: dlock.fleet developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+"""The pause operation of dlock.fleet.dlock_pause: a pause of a job's lock,
+of a group's jobs or of every lock, made to match the task (state paused or
+resumed), with check mode and diff. The backend keeps the pause and refuses
+the grants itself (dlock/backends/base.py, Backend.pause): this is
+`dlock pause` and `dlock resume` as a task. The action plugin resolves a job
+and a group through the host's dlock_jobs_list (drain_keys, check_group);
+the module on a target takes them as given.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import (
+    ALL_SCOPE, group_scope, job_scope, scope_parts)
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError, DlockError
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.owner import operator
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import BOUNDARY_FORMAT
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_args import backend_argument_spec
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_task import BackendRequest, with_backend
+
+# How far an existing pause's end may be from the one asked for and still be
+# the same pause: etcd grants whole-second leases and reads its clock from a
+# Date header (whole seconds), so a pause asked for twice may end 1.5 s apart.
+SAME_END = 2.0
+
+
+def argument_spec():
+    return dict(
+        backend_argument_spec(),
+        job=dict(type="str"),
+        key=dict(type="str", no_log=False),
+        group=dict(type="str"),
+        all=dict(type="bool", default=False),
+        state=dict(type="str", default="paused", choices=["paused", "resumed"]),
+        reason=dict(type="str"),
+        until=dict(type="str"),
+        drain=dict(type="str", default="wait", choices=["wait", "kill"]),
+        drain_keys=dict(type="list", elements="str", no_log=False),
+    )
+
+
+class PauseRequest(BackendRequest):
+    """The task's parameters, checked and converted (ConfigError when wrong).
+    `job` comes here as its lock key (the action plugin looks it up)."""
+
+    def __init__(self, params, read_files=True):
+        BackendRequest.__init__(self, params, read_files)
+        self.state = params["state"]
+        named = [name for name in ("job", "key", "group") if params.get(name) is not None]
+        named += ["all"] if params.get("all") else []
+        if len(named) != 1:
+            raise ConfigError("name what to %s: one of job, key, group or all=true (%s)"
+                              % ("pause" if self.state == "paused" else "resume",
+                                 "given: " + ", ".join(named) if named else "none given"))
+        if params.get("all"):
+            self.scope = ALL_SCOPE
+        elif params.get("group") is not None:
+            self.scope = group_scope(validate.group_name(params["group"], "group"))
+        else:
+            field = named[0]
+            self.scope = job_scope(validate.lock_key(params[field], field))
+        self.drain = params.get("drain") or "wait"
+        self.drain_keys = validate.items(params.get("drain_keys") or [], "drain_keys", validate.lock_key,
+                                         max_items=10000)
+        if self.state == "resumed":
+            if params.get("until") is not None or self.drain != "wait":
+                raise ConfigError("until and drain: only apply to state=paused")
+            self.reason = None if params.get("reason") is None else validate.reason(params["reason"], "reason")
+            self.until = None
+            return
+        if params.get("reason") is None or params.get("until") is None:
+            raise ConfigError("state=paused needs reason (why; every run it refuses logs it) and until (a "
+                              "duration such as 2h, at most 30d, or a UTC moment such as 2026-11-27T05:00:00Z)")
+        self.reason = validate.reason(params["reason"], "reason")
+        self.until = validate.text(params["until"], "until", 64)
+        if self.drain == "kill" and scope_parts(self.scope)[0] == "job":
+            self.drain_keys = [scope_parts(self.scope)[1]]
+
+
+def check_params(params):
+    """Every parameter that needs no file: the action plugin calls it before it uses any."""
+    PauseRequest(params, read_files=False)
+
+
+def run(params, check_mode=False, diff=False):
+    """The result dict of the task; raises dlock_task.LockFailed."""
+    return with_backend(params, PauseRequest, lambda backend, request: _run(backend, request, check_mode, diff))
+
+
+def _run(backend, request, check_mode, diff):
+    before = _live(backend, request.scope)
+    if request.state == "resumed":
+        changed = before is not None
+        if changed and not check_mode:
+            backend.resume(request.scope)
+        msg = ("resumed %s (paused by %s: %s)" % (request.scope, before.by, before.reason) if changed
+               else "%s was not paused" % request.scope)
+        return _result(request, before, None, changed, check_mode, diff, msg)
+    now = backend.server_time()
+    seconds = validate.pause_length(request.until, "until", now)
+    wanted_end = now + seconds
+    same = (before is not None and before.reason == request.reason and before.until is not None
+            and abs(before.until - wanted_end) <= SAME_END)
+    after, drained = before, []
+    if not same:
+        if check_mode:
+            after = _Shown(request.scope, request.reason, wanted_end, operator(), now)
+        else:
+            after = backend.pause(request.scope, request.reason, seconds, operator())
+    if request.drain == "kill" and request.drain_keys:
+        drained = _drain(backend, request.drain_keys, check_mode)
+    msg = "%s %s until %s: %s" % ("already paused" if same else "would pause" if check_mode else "paused",
+                                  request.scope, _utc(after.until), request.reason)
+    if drained:
+        msg += "; %s %d run(s) going on: %s" % (
+            "would drain" if check_mode else "drained", len(drained), ", ".join(row["key"] for row in drained))
+    return _result(request, before, after, not same or bool(drained), check_mode, diff, msg, drained=drained)
+
+
+def _live(backend, scope):
+    pauses = backend.read_pauses([scope])
+    return pauses[0] if pauses else None
+
+
+def _drain(backend, keys, check_mode):
+    """drain=kill: the runs going on under KEYS, their locks broken (not in
+    check mode): each runner kills its job at its next renewal."""
+    drained = []
+    for key, view in zip(keys, backend.query_many(keys)):
+        if view.owner is None:
+            continue
+        if not check_mode:
+            try:
+                view = backend.force_release(key)
+            except DlockError as exc:
+                raise ConfigError("%s is paused, but its run going on was not drained: %s" % (key, exc))
+        drained.append({"key": key, "previous_owner": view.owner, "fence": view.fence})
+    return drained
+
+
+class _Shown(object):
+    """The pause check mode says would be made (a Pause's fields)."""
+
+    def __init__(self, scope, reason, until, by, at):
+        self.scope, self.reason, self.until, self.by, self.at = scope, reason, until, by, at
+
+
+def _utc(seconds):
+    return time.strftime(BOUNDARY_FORMAT, time.gmtime(seconds)) if seconds is not None else "?"
+
+
+def _shown(pause):
+    if pause is None:
+        return None
+    return {"scope": pause.scope, "reason": pause.reason, "until": pause.until, "until_utc": _utc(pause.until),
+            "by": pause.by, "at": pause.at}
+
+
+def _diff_text(pause):
+    if pause is None:
+        return "not paused\n"
+    return "paused until %s\nreason: %s\nby: %s\n" % (_utc(pause.until), pause.reason, pause.by)
+
+
+def _result(request, before, after, changed, check_mode, diff, msg, drained=()):
+    result = {"changed": changed, "scope": request.scope, "paused": _shown(after), "previous": _shown(before),
+              "drained": list(drained), "msg": msg}
+    if diff:
+        result["diff"] = {"before": _diff_text(before), "after": _diff_text(after),
+                          "before_header": request.scope, "after_header": request.scope}
+    return result

@@ -1,0 +1,133 @@
+"""dlock.fleet.dlock_pause through real `ansible`, against Redis and
+PostgreSQL: a pause made, kept, replaced and ended as the task says, with
+check mode and diff; a job and a group looked up in dlock_jobs_list; the
+runs going on drained; bad values refused before anything is written."""
+
+from __future__ import annotations
+
+import calendar
+import time
+
+import pytest
+
+from ansible_cli import Ansible
+
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import (
+    group_scope, job_scope, open_backend, pause_scopes)
+
+REASON = "CHG-118: ledger migration"
+OTHER = "node9:4242:feedface"
+
+
+def jobs_list(key):
+    return {"dlock_jobs_list": [
+        {"name": "billing", "key": key, "groups": ["ledger"], "command": ["true"], "schedule": "hourly"},
+        {"name": "report", "key": key + "-report", "command": ["true"], "schedule": "hourly"},
+        {"name": "gone", "state": "absent"}]}
+
+
+def an_hour_ahead():
+    """A UTC moment about an hour ahead, as --until and `until` write it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(time.time()) + 3600))
+
+
+def test_a_job_is_paused_once_kept_and_resumed(ansible, engine, unique_key):
+    until = an_hour_ahead()
+    args = {"job": "billing", "reason": REASON, "until": until}
+    rc, result, out = ansible.module("dlock_pause", args, "--diff", extra_vars=jobs_list(unique_key))
+    assert rc == 0 and result["changed"] is True, out
+    assert result["scope"] == job_scope(unique_key) and result["previous"] is None
+    paused = result["paused"]
+    assert (paused["reason"], paused["until_utc"]) == (REASON, until)
+    assert abs(paused["until"] - calendar.timegm(time.strptime(until, "%Y-%m-%dT%H:%M:%SZ"))) <= 2
+    assert "+paused until %s" % until in out and "-not paused" in out  # the diff
+    refused = engine.acquire(unique_key, OTHER, 10, None, pause_scopes(unique_key))
+    assert refused.status == "paused" and refused.pause.reason == REASON
+    # The same task again: the same pause, nothing changed.
+    rc, result, out = ansible.module("dlock_pause", args, extra_vars=jobs_list(unique_key))
+    assert rc == 0 and result["changed"] is False and result["msg"].startswith("already paused"), out
+    # Another reason replaces it.
+    rc, result, out = ansible.module("dlock_pause", dict(args, reason="CHG-119"), extra_vars=jobs_list(unique_key))
+    assert rc == 0 and result["changed"] is True and result["previous"]["reason"] == REASON, out
+    rc, result, out = ansible.module("dlock_pause", {"job": "billing", "state": "resumed"}, "--diff",
+                                     extra_vars=jobs_list(unique_key))
+    assert rc == 0 and result["changed"] is True and result["paused"] is None, out
+    assert "+not paused" in out
+    assert engine.acquire(unique_key, OTHER, 10, None, pause_scopes(unique_key)).granted
+    rc, result, out = ansible.module("dlock_pause", {"job": "billing", "state": "resumed"},
+                                     extra_vars=jobs_list(unique_key))
+    assert rc == 0 and result["changed"] is False and "was not paused" in result["msg"], out
+
+
+def test_check_mode_says_what_it_would_do_and_writes_nothing(ansible, engine, unique_key):
+    group = "g-" + unique_key[-6:]
+    extra = {"dlock_jobs_list": [{"name": "billing", "key": unique_key, "groups": [group]}]}
+    rc, result, out = ansible.module("dlock_pause", {"group": group, "reason": REASON, "until": "2h"}, "--check",
+                                     "--diff", extra_vars=extra)
+    assert rc == 0 and result["changed"] is True and result["msg"].startswith("would pause group:"), out
+    assert 7100 < result["paused"]["until"] - time.time() < 7300
+    assert engine.read_pauses([group_scope(group)]) == []
+    assert engine.acquire(unique_key, OTHER, 10, None, pause_scopes(unique_key, [group])).granted
+
+
+def test_drain_kill_breaks_the_locks_of_the_group_s_runs(ansible, engine, unique_key):
+    """The pause, then the lock of each run going on of a job in the group
+    broken; a job outside the group keeps its run."""
+    engine.acquire(unique_key, OTHER, 60)
+    engine.acquire(unique_key + "-report", OTHER, 60)
+    try:
+        rc, result, out = ansible.module("dlock_pause", {"group": "ledger", "reason": REASON, "until": "1h",
+                                                         "drain": "kill"}, extra_vars=jobs_list(unique_key))
+        assert rc == 0 and result["changed"] is True, out
+        assert [(row["key"], row["previous_owner"]) for row in result["drained"]] == [(unique_key, OTHER)]
+        assert engine.query(unique_key).owner is None and engine.query(unique_key + "-report").owner == OTHER
+        assert engine.renew(unique_key, OTHER, 60) is False  # the runner's next renewal: it kills its job
+    finally:
+        engine.resume(group_scope("ledger"))
+        engine.release(unique_key + "-report", OTHER)
+
+
+@pytest.fixture(scope="module")
+def on_redis(redis_server, tmp_path_factory):
+    """(an Ansible, an engine client) on Redis: what is refused before the
+    backend is asked is the same on every backend."""
+    backend = open_backend(redis_server.url)
+    yield Ansible(tmp_path_factory.mktemp("pause"), {"url": redis_server.url, "op_timeout": 1}), backend
+    backend.close()
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"job": "biling", "reason": REASON, "until": "1h"}, "job: biling is not a job of dlock_jobs_list"),
+    ({"job": "gone", "reason": REASON, "until": "1h"}, "job: gone is not a job of dlock_jobs_list"),
+    ({"group": "legder", "reason": REASON, "until": "1h"}, "group: no job of dlock_jobs_list on this host is in "
+                                                           "group legder"),
+    ({"key": "k", "group": "ledger", "reason": REASON, "until": "1h"}, "one of job, key, group or all=true "
+                                                                       "(given: key, group)"),
+    ({"reason": REASON, "until": "1h"}, "one of job, key, group or all=true (none given)"),
+    ({"key": "k", "reason": "line\nbreak", "until": "1h"}, "reason: 'line\\nbreak' holds a control character"),
+    ({"key": "k", "reason": "   ", "until": "1h"}, "reason: must say why"),
+    ({"key": "k", "reason": REASON, "until": "NaN"}, "until: 'NaN' is not a duration"),
+    ({"key": "k", "reason": REASON, "until": "1e308"}, "until: '1e308' is not a duration"),
+    ({"key": "k", "reason": REASON, "until": "31d"}, "until: '31d' is above the maximum of 30d"),
+    ({"key": "k", "reason": REASON, "until": "2020-01-01T00:00:00Z"}, "is not in the future on the backend's clock"),
+    ({"key": "k", "reason": REASON}, "state=paused needs reason"),
+    ({"key": "k\x00", "reason": REASON, "until": "1h"}, "key: 'k\\x00' holds a control character"),
+    ({"group": "a/b", "reason": REASON, "until": "1h"}, "group: 'a/b' is not a valid group name"),
+    ({"key": "k", "state": "resumed", "until": "1h"}, "until and drain: only apply to state=paused"),
+])
+def test_bad_values_are_refused_and_nothing_is_paused(on_redis, unique_key, args, message):
+    ansible, engine = on_redis
+    rc, result, out = ansible.module("dlock_pause", args, extra_vars=jobs_list(unique_key))
+    assert rc != 0 and "FAILED!" in out and message in result["msg"], out
+    assert engine.read_pauses([job_scope("k"), job_scope(unique_key), group_scope("ledger")]) == []
+
+
+def test_a_jobs_list_of_the_wrong_shape_is_named(on_redis):
+    ansible = on_redis[0]
+    for jobs, message in (("billing", "dlock_jobs_list: 'billing' must be a list"),
+                          (["billing"], "dlock_jobs_list[0]: 'billing' must be a mapping"),
+                          ([{"name": "billing", "groups": "ledger"}], "dlock_jobs_list[0]: groups: 'ledger' must be "
+                                                                      "a list of group names")):
+        rc, result, out = ansible.module("dlock_pause", {"job": "billing", "reason": REASON, "until": "1h"},
+                                         extra_vars={"dlock_jobs_list": jobs})
+        assert rc != 0 and message in result["msg"], out
