@@ -27,7 +27,7 @@ options:
   backend_password_file:
     description:
       - File holding the backend password (one line), read on the host that runs the lock
-        operation: the controller, unless M(dlock.fleet.dlock) runs on the target (C(run_on=target)).
+        operation, the controller unless M(dlock.fleet.dlock) runs on the target (C(run_on=target)).
       - Defaults to C(password_file) of the inventory variable C(dlock_backend).
     type: path
   ca_file:

@@ -38,7 +38,9 @@ SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "CHANGELOG
                "bindep.txt", "meta", "playbooks", "plugins", "roles", "changelogs", "examples", "docs"}
 # The reference the README links to, and the design (Galaxy shows docs/*.md).
 DOCS = sorted(name for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
-# The roles' node modules, beside the dlock module.
+# The controller's modules, with an action plugin each.
+CONTROLLER_MODULES = ("dlock", "dlock_pause")
+# The roles' node modules, beside the controller's.
 NODE_MODULES = ("dlock_etcd_access", "dlock_postgresql_access", "dlock_patroni_cluster", "dlock_job_units",
                 "dlock_files")
 DEV_PARTS = {"tests", "molecule", "scripts", "build", ".venv", ".ci", ".git", "__pycache__", ".pytest_cache",
@@ -139,10 +141,10 @@ def test_galaxy_importer_passes(release, tmp_path):
         result = json.load(handle)
     contents = {(c["content_type"], c["name"]) for c in result["contents"]}
     assert {("role", role) for role in ROLES} <= contents
-    assert ("module", "dlock") in contents and ("filter", "dlock_jobs") in contents
-    assert {("module", name) for name in NODE_MODULES} <= contents
+    assert ("filter", "dlock_jobs") in contents
+    assert {("module", name) for name in CONTROLLER_MODULES + NODE_MODULES} <= contents
     docs = {(c["content_type"], c["content_name"]): c for c in result["docs_blob"]["contents"]}
-    for name in ("dlock",) + NODE_MODULES:
+    for name in CONTROLLER_MODULES + NODE_MODULES:
         assert docs[("module", name)]["doc_strings"]["doc"]["short_description"], name
     for role in ROLES:
         assert "Variables" in docs[("role", role)]["readme_html"], role
@@ -161,9 +163,10 @@ def test_tarball_holds_what_users_need_and_no_development_file(release):
         assert not name.endswith((".pyc", ".tar.gz", ".retry")), name
         assert member.isfile() or member.isdir(), "%s is a link or special file" % name
     needed = {"README.md", "LICENSE", "meta/runtime.yml", "meta/execution-environment.yml", "requirements.txt",
-              "bindep.txt", "plugins/modules/dlock.py", "plugins/module_utils/dlock/cli.py",
+              "bindep.txt", "plugins/module_utils/dlock/cli.py",
               "playbooks/site.yml", "playbooks/status.yml", "playbooks/break_lock.yml"}
-    needed |= {"plugins/modules/%s.py" % name for name in NODE_MODULES}
+    needed |= {"plugins/modules/%s.py" % name for name in CONTROLLER_MODULES + NODE_MODULES}
+    needed |= {"plugins/action/%s.py" % name for name in CONTROLLER_MODULES}
     needed |= {"roles/%s/README.md" % role for role in ROLES}
     needed |= {"roles/%s/meta/argument_specs.yml" % role for role in ROLES}
     needed |= {"docs/%s" % name for name in DOCS} | {"docs/design.md", "docs/runner.md", "docs/testing.md"}
@@ -447,7 +450,8 @@ def test_job_entry_keys_are_documented_as_suboptions():
            "schedule": "*-*-* 02:00:00", "randomized_delay": "30s", "accuracy": "1s", "persistent": True,
            "user": "reports", "group": "reports", "environment": {"REPORT_BUCKET": "reports"},
            "working_directory": "/srv", "description": "the report", "hardening": True,
-           "read_write_paths": ["/srv/out"], "unit_settings": {"Nice": "5"}, "key": "report", "state": "present",
+           "read_write_paths": ["/srv/out"], "unit_settings": {"Nice": "5"}, "key": "report", "groups": ["reports"],
+           "state": "present",
            "shell": False, "ttl": "5m", "renew_every": 60, "op_timeout": "2s", "kill_grace": "10s",
            "on_contention": "wait", "wait_timeout": "5m", "min_hold": 0, "once_per": "1d", "max_runtime": "1h",
            "max_clock_skew": "2s", "fail_open": False, "exit_codes": {"locked": 0}}
