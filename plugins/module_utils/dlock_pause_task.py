@@ -13,6 +13,7 @@ the module on a target takes them as given.
 
 from __future__ import annotations
 
+import datetime
 import time
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
@@ -39,7 +40,8 @@ def argument_spec():
         all=dict(type="bool", default=False),
         state=dict(type="str", default="paused", choices=["paused", "resumed"]),
         reason=dict(type="str"),
-        until=dict(type="str"),
+        # raw: YAML reads an unquoted 2026-11-27T05:00:00Z as a timestamp (PauseRequest._until)
+        until=dict(type="raw"),
         drain=dict(type="str", default="wait", choices=["wait", "kill"]),
         drain_keys=dict(type="list", elements="str", no_log=False),
     )
@@ -78,9 +80,26 @@ class PauseRequest(BackendRequest):
             raise ConfigError("state=paused needs reason (why; every run it refuses logs it) and until (a "
                               "duration such as 2h, at most 30d, or a UTC moment such as 2026-11-27T05:00:00Z)")
         self.reason = validate.reason(params["reason"], "reason")
-        self.until = validate.text(params["until"], "until", 64)
+        self.until = _until(params["until"])
         if self.drain == "kill" and scope_parts(self.scope)[0] == "job":
             self.drain_keys = [scope_parts(self.scope)[1]]
+
+
+def _until(value):
+    """`until` as --until takes it: a duration or a UTC moment, as text. An
+    unquoted moment in YAML (2026-11-27T05:00:00Z) arrives as a datetime:
+    it is that moment when it says UTC, and is refused otherwise (a moment
+    without a zone would be read in the controller's)."""
+    if isinstance(value, datetime.datetime):
+        offset = value.utcoffset()
+        if offset is None or offset.total_seconds() != 0:
+            raise ConfigError("until: %s is not a UTC moment; write it as 2026-11-27T05:00:00Z"
+                              % validate.shown(str(value)))
+        return value.strftime(BOUNDARY_FORMAT)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError("until: %s must be a duration (2h) or a UTC moment (2026-11-27T05:00:00Z)"
+                          % validate.shown(value))
+    return validate.text(value if isinstance(value, str) else repr(value), "until", 64)
 
 
 def check_params(params):

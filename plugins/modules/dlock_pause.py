@@ -61,10 +61,11 @@ options:
   until:
     description:
       - When the pause ends, required with O(state=paused), on the backend's clock.
-      - A duration from now, such as V(90m) or V(2h), at most V(30d); a task run again later asks for a later
-        end, and so changes the pause. Or a UTC moment, V(2026-11-27T05:00:00Z), at most 30 days ahead; run
-        again, the task changes nothing.
-    type: str
+      - A duration from now, such as V(90m) or V(2h) (a number is seconds), at most V(30d); a task run again
+        later asks for a later end, and so changes the pause. Or a UTC moment, V(2026-11-27T05:00:00Z), at most
+        30 days ahead; run again, the task changes nothing. Unquoted, YAML reads the moment as a timestamp, which
+        is taken as the same moment; a timestamp that is not in UTC is refused.
+    type: raw
   drain:
     description:
       - The runs going on when the pause is made.

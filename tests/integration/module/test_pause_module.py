@@ -6,14 +6,18 @@ runs going on drained; bad values refused before anything is written."""
 from __future__ import annotations
 
 import calendar
+import datetime
 import time
 
 import pytest
+import yaml
 
 from ansible_cli import Ansible
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import (
     group_scope, job_scope, open_backend, pause_scopes)
+
+import servers
 
 REASON = "CHG-118: ledger migration"
 OTHER = "node9:4242:feedface"
@@ -131,3 +135,38 @@ def test_a_jobs_list_of_the_wrong_shape_is_named(on_redis):
         rc, result, out = ansible.module("dlock_pause", {"job": "billing", "reason": REASON, "until": "1h"},
                                          extra_vars={"dlock_jobs_list": jobs})
         assert rc != 0 and message in result["msg"], out
+
+
+def test_the_module_s_examples_run_as_written(tmp_path):
+    """The EXAMPLES of plugins/modules/dlock_pause.py, in order, in one
+    playbook, on a Redis of its own (one pauses every lock); only an
+    absolute `until` is moved to an hour ahead (the one written will pass),
+    and stays what YAML makes of it unquoted, a timestamp."""
+    from ansible_collections.dlock.fleet.plugins.modules import dlock_pause
+    tasks = yaml.safe_load(dlock_pause.EXAMPLES)
+    moments = 0
+    for task in tasks:
+        options = task["dlock.fleet.dlock_pause"]
+        if isinstance(options.get("until"), datetime.datetime):
+            options["until"] = datetime.datetime.fromtimestamp(int(time.time()) + 3600, datetime.timezone.utc)
+            moments += 1
+    assert moments == 1
+    server = servers.RedisServer()
+    engine = open_backend(server.url)
+    try:
+        ansible = Ansible(tmp_path, {"url": server.url})
+        playbook = tmp_path / "examples.yml"
+        playbook.write_text(yaml.safe_dump([{
+            "hosts": "localhost", "gather_facts": False,
+            "vars": {"dlock_jobs_list": [{"name": "nightly-report", "groups": ["reports"]},
+                                         {"name": "invoices", "groups": ["billing"]}]},
+            "tasks": tasks}]))
+        run = ansible.playbook(str(playbook))
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "changed=4" in run.stdout, run.stdout
+        live = dict((pause.scope, pause.reason) for pause in engine.read_pauses(
+            [job_scope("nightly-report"), group_scope("billing"), "all"]))
+        assert live == {"group:billing": "CHG-118: ledger migration", "all": "DC failover drill"}
+    finally:
+        engine.close()
+        server.stop()

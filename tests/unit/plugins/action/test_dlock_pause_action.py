@@ -4,6 +4,8 @@ values through the validation core (PauseRequest)."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 
 from ansible_collections.dlock.fleet.plugins.action.dlock_pause import resolve_scope
@@ -76,4 +78,26 @@ def test_the_task_s_values_go_through_the_validation_core(values, message):
         return
     with pytest.raises(ConfigError) as err:
         PauseRequest(params(**values), read_files=False)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("until, taken", [
+    (datetime.datetime(2026, 11, 27, 5, 0, tzinfo=datetime.timezone.utc), "2026-11-27T05:00:00Z"),
+    (7200, "7200"), ("2h", "2h")])
+def test_until_as_yaml_gives_it(until, taken):
+    """An unquoted moment in YAML is a timestamp; a number is seconds."""
+    assert PauseRequest(params(key="k", until=until), read_files=False).until == taken
+
+
+@pytest.mark.parametrize("until, message", [
+    (datetime.datetime(2026, 11, 27, 5, 0), "until: '2026-11-27 05:00:00' is not a UTC moment"),
+    (datetime.datetime(2026, 11, 27, 5, 0, tzinfo=datetime.timezone(datetime.timedelta(hours=2))),
+     "is not a UTC moment; write it as 2026-11-27T05:00:00Z"),
+    (True, "until: True must be a duration (2h) or a UTC moment"),
+    (["2h"], "until: ['2h'] must be a duration"),
+    ({"hours": 2}, "must be a duration"),
+])
+def test_until_of_another_kind_is_refused(until, message):
+    with pytest.raises(ConfigError) as err:
+        PauseRequest(params(key="k", until=until), read_files=False)
     assert message in str(err.value)
