@@ -72,10 +72,19 @@ def quick(session):
 @nox.session(python=False, tags=["full"])
 def integration(session):
     """pytest tests/unit tests/integration: the engine against real redis-server, PostgreSQL and etcd on loopback,
-    the module through real ansible runs, the roles' preflight and templates, Hypothesis properties
-    (the published collection is the release session's)."""
-    args = session.posargs or ["tests/unit", "tests/integration", "--ignore=tests/integration/test_release.py"]
+    the roles' preflight and templates, Hypothesis properties (the published collection is the release session's;
+    the modules through real ansible runs, the modules session's)."""
+    args = session.posargs or ["tests/unit", "tests/integration", "--ignore=tests/integration/test_release.py",
+                               "--ignore=tests/integration/module"]
     session.run(*PYTEST, *args, external=True)
+
+
+@nox.session(python=False, tags=["full"])
+def modules(session):
+    """pytest tests/integration/module: the controller's modules (dlock, dlock_pause) and their action plugins
+    through real ansible and ansible-playbook runs, against real redis-server and PostgreSQL on loopback. A session
+    of its own so that it runs in a lane with time to spare (scripts/test.sh), not in the engine's, the longest."""
+    session.run(*PYTEST, "tests/integration/module", *session.posargs, external=True)
 
 
 @nox.session(python=False, tags=["full"])

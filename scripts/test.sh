@@ -39,7 +39,7 @@ declare -A LANE_SESSIONS=(
   [engine]="integration"
   [fleet]="lab-single"
   [etcd]="lab-etcd"
-  [patroni]="lab-patroni"
+  [patroni]="lab-patroni modules"
 )
 # CPU priority by what a lane's timing bounds need (nice is inherited by
 # everything a session starts, the lab nodes it boots included): the fault
