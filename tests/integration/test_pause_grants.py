@@ -128,6 +128,22 @@ def test_a_pause_of_a_group_refuses_the_grants_of_its_jobs_only(two_clients, uni
         job_scope(unique_key))
 
 
+def test_a_pause_is_the_answer_whether_the_lock_is_held_or_the_slot_done(two_clients, unique_key):
+    """A paused job's run exits 72 on every backend, not 73 or 74 when its
+    lock happens to be held or its slot done: the pause comes first."""
+    a, b = two_clients
+    slot = Slot(int(time.time() // 3600), 5400.0)
+    assert grant(a, unique_key, "owner-a", slot).granted  # held, and its slot claimed
+    paused = b.pause(job_scope(unique_key), "disk full on db-1", LONG, "ops")
+    for asked in (None, slot):
+        refused = grant(b, unique_key, "owner-b", asked)
+        assert refused.status == "paused" and refused.pause.as_dict() == paused.as_dict(), refused.status
+    assert b.resume(job_scope(unique_key)) is not None
+    assert grant(b, unique_key, "owner-b").status == "locked"
+    assert a.release(unique_key, "owner-a", last={"result": "success"}, slot=slot)
+    assert grant(b, unique_key, "owner-b", slot).status == "duplicate"
+
+
 def test_a_pause_of_another_key_refuses_nothing(two_clients, unique_key):
     a, b = two_clients
     b.pause(job_scope(unique_key + "-other"), "not this one", LONG, "ops")

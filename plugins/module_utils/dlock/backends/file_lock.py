@@ -259,17 +259,30 @@ class FileBackend(Backend):
             slot.number = slot.number_at(time.time())
         state = self._read_state(key)
         if slot is not None and not slot.rerun and state.get("slot") == slot.number:
-            return Grant("duplicate", holder=self._holder(key, state, held=False))
+            return self._unless_paused(pauses, Grant("duplicate", holder=self._holder(key, state, held=False)))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (IOError, OSError):
-            return Grant("locked", holder=self._holder(key, state, held=True))
+            return self._unless_paused(pauses, Grant("locked", holder=self._holder(key, state, held=True)))
         with self._pauses_locked(fcntl.LOCK_SH):
-            for scope in pauses:
-                pause = self._read_pause(scope)
-                if pause is not None:
-                    return Grant("paused", pause=pause)
-            return self._grant_held(key, owner, slot)
+            return self._live_pause(pauses) or self._grant_held(key, owner, slot)
+
+    def _live_pause(self, pauses):
+        """A "paused" Grant for the first live pause of `pauses`, or None
+        (the caller holds _pause.lock)."""
+        for scope in pauses:
+            pause = self._read_pause(scope)
+            if pause is not None:
+                return Grant("paused", pause=pause)
+        return None
+
+    def _unless_paused(self, pauses, refusal):
+        """A refusal made before the pauses are read (the lock held, the slot
+        done): a live pause is the answer instead, as every backend gives it."""
+        if not pauses:
+            return refusal
+        with self._pauses_locked(fcntl.LOCK_SH):
+            return self._live_pause(pauses) or refusal
 
     def _grant_held(self, key, owner, slot):
         """The grant under the key's flock, no pause found."""

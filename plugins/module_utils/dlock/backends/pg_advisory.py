@@ -100,9 +100,9 @@ class PgAdvisoryBackend(PgBackend):
         claim in one transaction."""
         # A rerun is judged under the lock, in the transaction (_claim_slot).
         if slot is not None and not slot.rerun and self._current_slot_owner(conn, key, slot):
-            return self._refusal(conn, key, slot, "duplicate")
+            return self._refusal_unless_paused(conn, key, slot, "duplicate", pauses)
         if not conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_id(key),)).fetchone()[0]:
-            return self._refusal(conn, key, slot, "locked")
+            return self._refusal_unless_paused(conn, key, slot, "locked", pauses)
         try:
             with conn.transaction():
                 # A previous holder's min_hold keeps the row busy past its unlock.
@@ -115,6 +115,16 @@ class PgAdvisoryBackend(PgBackend):
             conn.execute(UNLOCK, {"id": lock_id(key), "key": key})
             return self._refusal(conn, key, slot, refused.status, refused.pause)
         return Grant("granted", fence=fence)
+
+    def _refusal_unless_paused(self, conn, key, slot, status, pauses):
+        """A refusal before the lease row's statement, which is where a pause
+        is judged: a live pause of `pauses` is the answer instead, as every
+        backend gives it (the lock held or the slot done or not)."""
+        try:
+            self._refuse_if_paused(conn, pauses)
+        except Refused as paused:
+            return self._refusal(conn, key, slot, paused.status, paused.pause)
+        return self._refusal(conn, key, slot, status)
 
     def _holding(self):
         """The connection that holds our lock, or None once it is gone."""
