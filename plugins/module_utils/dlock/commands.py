@@ -94,11 +94,11 @@ def _status_rows(settings, jobs):
 
 
 def _pauses_by_scope(backend, jobs):
-    """{scope: Pause} of the live pauses of these jobs' scopes, in one read."""
-    scopes = []
-    for _job, key, groups in jobs:
-        scopes += [scope for scope in pause_scopes(key, groups) if scope not in scopes]
-    return dict((pause.scope, pause) for pause in backend.read_pauses(scopes))
+    """{scope: Pause} of the live pauses of these jobs' scopes, in one read
+    (each scope once, in order: a dict, not a list's linear search, for a
+    node's 1000 jobs)."""
+    scopes = dict.fromkeys(scope for _job, key, groups in jobs for scope in pause_scopes(key, groups))
+    return dict((pause.scope, pause) for pause in backend.read_pauses(list(scopes)))
 
 
 def _pause_cell(row):
