@@ -40,8 +40,13 @@ class Ansible(object):
         hostvars = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
         group = {"hosts": {"h1": dict(hostvars), "h2": dict(hostvars)}, "vars": {"dlock_backend": backend}}
         local = {"localhost": dict(hostvars)}
+        # Each host's own mirror of the pauses (dlock.fleet.dlock_pause writes
+        # it), never the /var/lib/dlock/pauses of the machine the suite runs on.
+        self.pauses = tmp_path / "pauses"
+        pauses_dir = str(self.pauses / "{{ inventory_hostname }}")
         with open(self.inventory, "w") as handle:
-            yaml.safe_dump({"all": {"hosts": local, "vars": {"dlock_backend": backend},
+            yaml.safe_dump({"all": {"hosts": local, "vars": {"dlock_backend": backend,
+                                                             "dlock_runner_pauses_dir": pauses_dir},
                                     "children": {"lockers": group}}}, handle)
 
     def playbook_argv(self, playbook, extra_vars=None, *options):

@@ -8,7 +8,10 @@ Fills the backend options as dlock.fleet.dlock's action plugin does (the
 inventory variable dlock_backend, else site.yml's record), looks the job or
 group up in the host's dlock_jobs_list (a typo is refused; drain=kill gets
 the lock keys of the jobs in the scope), and runs the pause in the
-controller's Python.
+controller's Python: once per run of the task, for the first of its hosts
+(dlock_once.py); the others are given its result. Then, on each host, it
+writes the host's mirror of the pause (pause_files.py) with
+dlock.fleet.dlock_files, or removes it.
 """
 
 from __future__ import annotations
@@ -16,11 +19,17 @@ from __future__ import annotations
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_args import MUTUALLY_EXCLUSIVE
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock_pause_task import argument_spec, check_params, run
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.pause_files import DEFAULT_PAUSES_DIR
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_pause_task import (
+    argument_spec, check_params, mirror_entry, run)
 from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_action import BackendAction
 from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_backend_options import task_parameters
+from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_once import once_per_task
 
 JOBS_VAR = "dlock_jobs_list"
+PAUSES_DIR_VAR = "dlock_runner_pauses_dir"  # the dlock_runner role's, where the host's runner reads the mirror
+# What makes two hosts' tasks one pause (their drain_keys may differ: the first host's are drained).
+IDENTITY = ("key", "group", "all", "state", "reason", "until", "drain")
 
 
 class ActionModule(BackendAction):
@@ -28,7 +37,41 @@ class ActionModule(BackendAction):
         params = task_parameters(self, task_vars, hidden, argument_spec(), mutually_exclusive=MUTUALLY_EXCLUSIVE)[1]
         check_params(params)  # before any value is used or shown
         jobs = self._templar.template(task_vars[JOBS_VAR]) if JOBS_VAR in task_vars else None
-        return run(resolve_scope(params, jobs), bool(self._task.check_mode), bool(self._task.diff))
+        resolved = resolve_scope(params, jobs)
+        pauses_dir = None
+        if params["mirror"]:
+            pauses_dir = params.get("pauses_dir") or self._templar.template(
+                task_vars.get(PAUSES_DIR_VAR, DEFAULT_PAUSES_DIR))
+            validate.path(pauses_dir, "pauses_dir (or %s)" % PAUSES_DIR_VAR)
+        check_mode, diff = bool(self._task.check_mode), bool(self._task.diff)
+        result, made_here = once_per_task(self._task, dict((name, resolved.get(name)) for name in IDENTITY),
+                                          lambda: run(resolved, check_mode, diff))
+        result = dict(result, made_here=made_here)
+        if not made_here:
+            # Its change and its diff are the host's that made it.
+            result.update(changed=False, drained=[], msg="%s (by this task on another host)" % result["msg"])
+            result.pop("diff", None)
+        if pauses_dir is not None:
+            self._mirror(task_vars, mirror_entry(pauses_dir, result["scope"], result["paused"]), result)
+        return result
+
+    def _mirror(self, task_vars, entry, result):
+        """Make this host's mirror match the backend's pause (`entry`, a
+        dlock_files entry); its change and diff join the result's."""
+        done = self._execute_module(module_name="dlock.fleet.dlock_files", module_args={"files": [entry]},
+                                    task_vars=task_vars)
+        if done.get("failed"):
+            raise ConfigError("%s; not mirrored on this host: %s" % (result["msg"], done.get("msg")))
+        changed = bool(done.get("changed"))
+        result["mirror"] = {"path": entry["path"], "changed": changed}
+        result["changed"] = result["changed"] or changed
+        diffs = _diff_list(result.pop("diff", None)) + _diff_list(done.get("diff"))
+        if diffs:
+            result["diff"] = diffs  # Ansible shows each of a list of diffs
+
+
+def _diff_list(diff):
+    return [] if not diff else list(diff) if isinstance(diff, list) else [diff]
 
 
 def resolve_scope(params, jobs):

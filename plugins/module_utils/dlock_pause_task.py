@@ -18,7 +18,7 @@ import time
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import (
-    ALL_SCOPE, group_scope, job_scope, scope_parts)
+    ALL_SCOPE, Pause, group_scope, job_scope, pause_path, scope_parts)
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError, DlockError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.owner import operator
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import BOUNDARY_FORMAT
@@ -44,6 +44,8 @@ def argument_spec():
         until=dict(type="raw"),
         drain=dict(type="str", default="wait", choices=["wait", "kill"]),
         drain_keys=dict(type="list", elements="str", no_log=False),
+        mirror=dict(type="bool", default=True),
+        pauses_dir=dict(type="path"),
     )
 
 
@@ -140,6 +142,17 @@ def _run(backend, request, check_mode, diff):
         msg += "; %s %d run(s) going on: %s" % (
             "would drain" if check_mode else "drained", len(drained), ", ".join(row["key"] for row in drained))
     return _result(request, before, after, not same or bool(drained), check_mode, diff, msg, drained=drained)
+
+
+def mirror_entry(pauses_dir, scope, paused):
+    """The dlock.fleet.dlock_files entry of the node's mirror of the pause of
+    `scope` (pause_files.py) after the task: the backend's record of
+    `paused` (the result's `paused`), or, none, no file."""
+    path = pause_path(validate.path(pauses_dir, "pauses_dir"), scope)
+    if paused is None:
+        return {"path": path, "state": "absent"}
+    record = Pause(scope, paused["reason"], paused["until"], paused["by"], paused["at"]).as_record()
+    return {"path": path, "content": record + "\n", "mode": "0644"}
 
 
 def _live(backend, scope):

@@ -17,7 +17,14 @@ description:
     pause's reason. The backend ends the pause at its end by itself.
   - Runs on the controller (the action plugin), like M(dlock.fleet.dlock); the backend options default to the
     inventory variable C(dlock_backend), else to the record of the backend that C(playbooks/site.yml) provisioned.
-    Use it with C(run_once) (one pause for the fleet).
+  - Run it on the job nodes (without C(run_once)). The pause is made in the backend once per run of the task, by
+    the first host that gets there (its end, from O(until), is one for the fleet; the other hosts report its result
+    with RV(made_here=false)); then each host writes the pause to its mirror (O(mirror)), or removes it there.
+  - The mirror makes a pause outlive the backend's copy of it. A node refuses a paused run when either the backend
+    or its mirror says paused, so a backend restarted empty, or restored from a backup older than the pause, does
+    not resume the fleet in silence; C(dlock status) and the metric C(dlock_pause_mirror_only) (alert
+    C(DlockPauseLostByBackend)) show a pause only the nodes still hold. A mirrored pause ends at its O(until) on the
+    node's clock, which C(dlock run) keeps within C(max_clock_skew) of the backend's.
   - O(job) and O(group) are looked up in the host's C(dlock_jobs_list), the job list of the C(dlock_jobs) role.
     A job that is not in it, or a group that no job of it is in, is refused as a typo.
 author:
@@ -83,17 +90,31 @@ options:
         without it.
     type: list
     elements: str
+  mirror:
+    description:
+      - Write the pause to the mirror of the host the task runs for, with M(dlock.fleet.dlock_files) (the backend's
+        record of it, mode 0644, in O(pauses_dir)), or, with O(state=resumed), remove it there.
+      - V(false) for a host with no runner, such as the controller.
+    type: bool
+    default: true
+  pauses_dir:
+    description:
+      - The host's mirror directory; defaults to the host's C(dlock_runner_pauses_dir), else
+        V(/var/lib/dlock/pauses), what the C(dlock_runner) role sets up and C(dlock run) reads.
+    type: path
 attributes:
   check_mode:
     support: full
-    description: Reports the pause it would make or end, and the runs it would drain, and changes nothing.
+    description: Reports the pause it would make or end, the runs it would drain and the mirror it would write, and
+      changes nothing.
   diff_mode:
     support: full
-    description: The pause before and after (its end, reason and author).
+    description: The pause before and after (its end, reason and author), on the host that made it, and the host's
+      mirror file.
   platform:
     support: full
     platforms: posix
-    description: Runs on the controller.
+    description: Runs on the controller; writes the mirror on the host.
 notes:
   - Runners of a release before pauses ignore them; upgrade every node's runner first.
   - The M(dlock.fleet.dlock) module's locks do not read pauses, so a playbook may take a paused job's lock for
@@ -103,12 +124,13 @@ seealso:
 """
 
 EXAMPLES = r"""
+# In a play on the job nodes (hosts: dlock_nodes, become: true): the pause is
+# made once, and mirrored on every node.
 - name: Pause the billing jobs on every node for the ledger migration
   dlock.fleet.dlock_pause:
     group: billing
     reason: "CHG-118: ledger migration"
     until: 2026-11-27T05:00:00Z
-  run_once: true
 
 - name: Pause one job for two hours, and stop its run going on
   dlock.fleet.dlock_pause:
@@ -116,25 +138,25 @@ EXAMPLES = r"""
     reason: "INC-4211: storage migration"
     until: 2h
     drain: kill
-  run_once: true
 
-- name: Resume it
+- name: Resume it, in the backend and in every node's mirror
   dlock.fleet.dlock_pause:
     job: nightly-report
     state: resumed
-  run_once: true
 
-- name: Freeze every job during a failover drill
+- name: Freeze every job during a failover drill, from the controller alone (no node's mirror)
   dlock.fleet.dlock_pause:
     all: true
     reason: DC failover drill
     until: 30m
+    mirror: false
   run_once: true
 """
 
 RETURN = r"""
 changed:
-  description: Whether the pause was made, replaced or ended, or a run drained (or would be, in check mode).
+  description: Whether the pause was made, replaced or ended, a run drained, or the host's mirror changed (or would
+    be, in check mode).
   returned: always
   type: bool
 scope:
@@ -182,6 +204,18 @@ previous:
   description: The pause before the task (same fields as RV(paused)), null when there was none.
   returned: success
   type: dict
+made_here:
+  description: Whether this host made the pause (or ended it) in the backend; false on the task's other hosts, which
+    report that host's result (RV(changed) then says whether their mirror changed).
+  returned: success
+  type: bool
+mirror:
+  description: This host's mirror file of the pause (with O(mirror=true)), its C(path) and whether it C(changed).
+  returned: success
+  type: dict
+  sample:
+    path: /var/lib/dlock/pauses/group:billing.pause
+    changed: true
 drained:
   description: The runs whose locks were broken (O(drain=kill)), each with its C(key), C(previous_owner) and C(fence).
   returned: success

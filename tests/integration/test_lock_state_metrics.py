@@ -21,11 +21,13 @@ def promtool_clean(text):
 
 
 def node(tmp_path, backend_url, job):
-    """A node's files: dlock.json, one job file, one timer every 5 minutes."""
-    for name in ("jobs", "units", "metrics"):
+    """A node's files: dlock.json, one job file, one timer every 5 minutes,
+    and the node's mirror of the pauses."""
+    for name in ("jobs", "units", "metrics", "pauses"):
         (tmp_path / name).mkdir()
     (tmp_path / "dlock.json").write_text(json.dumps({"backend": backend_url, "jobs_dir": str(tmp_path / "jobs"),
-                                                     "metrics_dir": str(tmp_path / "metrics")}))
+                                                     "metrics_dir": str(tmp_path / "metrics"),
+                                                     "pauses_dir": str(tmp_path / "pauses")}))
     (tmp_path / "jobs" / (job + ".json")).write_text(json.dumps({"command": ["sleep", "30"], "ttl": "20s"}))
     (tmp_path / "units" / ("dlock-%s.timer" % job)).write_text("[Timer]\nOnCalendar=*:0/5\n")
     return ["--config", str(tmp_path / "dlock.json"), "--unit-dir", str(tmp_path / "units")]
@@ -134,9 +136,31 @@ def test_a_paused_job_exports_its_pause(redis_server, unique_key, tmp_path):
         start = value(done.stdout, "dlock_pause_start_timestamp_seconds" + labels)
         assert abs(value(done.stdout, "dlock_pause_until_timestamp_seconds" + labels) - (start + 3600)) < 0.01
         assert abs(start - time.time()) < 60
+        assert value(done.stdout, "dlock_pause_mirror_only" + labels) == 0
         promtool_clean(done.stdout)
     finally:
         assert run_dlock("resume", "--job", job, flags[0], flags[1]).returncode == 0
     done = run_dlock("metrics", "--output", "-", *flags)
     assert value(done.stdout, r'dlock_paused\{job="%s",key="%s"\}' % (job, job)) == 0
     assert "dlock_pause_until_timestamp_seconds{" not in done.stdout
+
+
+def test_a_pause_the_backend_lost_is_exported_as_held_by_the_mirror_only(redis_server, unique_key, tmp_path):
+    """The node's mirror keeps a pause the backend no longer has (here: the
+    backend's pause key deleted, as a restart with no data would): the job
+    is still paused, and dlock_pause_mirror_only says the backend lost it."""
+    job = "job-" + unique_key[-6:]
+    flags = node(tmp_path, redis_server.url, job)
+    paused = run_dlock("pause", "--job", job, "--reason", "drill", "--until", "1h", flags[0], flags[1])
+    assert paused.returncode == 0, paused.stderr
+    assert (tmp_path / "pauses" / ("job:%s.pause" % job)).exists()
+    assert redis_server.client().delete("dlock:{%s}:pause" % job) == 1
+    done = run_dlock("metrics", "--output", "-", *flags)
+    assert done.returncode == 0, done.stderr
+    labels = r'\{job="%s",key="%s"\}' % (job, job)
+    assert (value(done.stdout, "dlock_paused" + labels), value(done.stdout, "dlock_pause_mirror_only" + labels)) == (1, 1)
+    promtool_clean(done.stdout)
+    resumed = run_dlock("resume", "--job", job, flags[0], flags[1])
+    assert resumed.returncode == 0 and "removed this node's mirror" in resumed.stdout, resumed.stderr
+    done = run_dlock("metrics", "--output", "-", *flags)
+    assert (value(done.stdout, "dlock_paused" + labels), value(done.stdout, "dlock_pause_mirror_only" + labels)) == (0, 0)

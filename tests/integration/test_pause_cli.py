@@ -10,10 +10,37 @@ import sys
 import time
 
 import pytest
-from runner_proc import last_log, run_dlock, start_dlock, wait_for
+import runner_proc
+from runner_proc import last_log, wait_for
 from servers import url_of
 
 REASON = "INC-4211: storage migration"
+MIRROR = {}
+
+
+@pytest.fixture(autouse=True)
+def pauses_dir(tmp_path):
+    """This node's mirror of the pauses (pause_files.py), the test's own:
+    `dlock pause` writes it, and no test here may write the mirror of the
+    machine the suite runs on, which every other run there would read."""
+    path = tmp_path / "node-pauses"
+    path.mkdir()
+    MIRROR["dir"] = str(path)
+    yield path
+    MIRROR.clear()
+
+
+def with_mirror(args, pauses=None):
+    """ARGS (a subcommand first) with this test's --pauses-dir, or PAUSES's."""
+    return (args[0], "--pauses-dir", str(pauses or MIRROR["dir"])) + tuple(args[1:])
+
+
+def run_dlock(*args, pauses=None, **kwargs):
+    return runner_proc.run_dlock(*with_mirror(args, pauses), **kwargs)
+
+
+def start_dlock(*args, **kwargs):
+    return runner_proc.start_dlock(*with_mirror(args), **kwargs)
 
 
 @pytest.fixture(params=["redis"])
@@ -33,18 +60,19 @@ class Fleet(object):
     def __init__(self, url, key, ledger):
         self.url, self.key, self.ledger = url, key, ledger
 
-    def run(self):
-        """(exit code, log line) of one run of a job that appends a line to the ledger."""
+    def run(self, pauses=None):
+        """(exit code, log line) of one run of a job that appends a line to
+        the ledger, on this node (PAUSES: its mirror, else the test's)."""
         script = "import sys; open(sys.argv[1], 'a').write('ran\\n')"
         done = run_dlock("run", "--job", "billing", "--key", self.key, "--backend", self.url, "--",
-                         sys.executable, "-c", script, self.ledger)
+                         sys.executable, "-c", script, self.ledger, pauses=pauses)
         return done.returncode, last_log(done.stderr)
 
     def ran(self):
         return open(self.ledger).read().count("ran") if os.path.exists(self.ledger) else 0
 
-    def command(self, *args):
-        return run_dlock(*(args + ("--backend", self.url)))
+    def command(self, *args, pauses=None):
+        return run_dlock(*(args + ("--backend", self.url)), pauses=pauses)
 
 
 @pytest.fixture
@@ -269,3 +297,73 @@ def test_the_scope_is_required_and_single(fleet):
     assert done.returncode == 78 and "one of the arguments --job --key --group --all is required" in done.stderr
     done = fleet.command("pause", "--all", "--key", fleet.key, "--reason", REASON, "--until", "1h")
     assert done.returncode == 78 and "not allowed with" in done.stderr
+
+
+# -- the node's mirror of the pauses (pause_files.py) -------------------------
+
+def test_a_pause_the_backend_lost_still_refuses_on_the_nodes_that_mirror_it(any_url, unique_key, tmp_path):
+    """Paused from node A (its mirror written), then ended in the backend
+    from node B (whose own mirror it removes), as a backend restarted empty
+    or restored from an older backup would lose it: A still refuses, from
+    its mirror, and says so; B runs; A's resume ends it there too."""
+    fleet = Fleet(any_url, unique_key, str(tmp_path / "ledger"))
+    node_b = tmp_path / "node-b-pauses"
+    node_b.mkdir()
+    assert fleet.command("pause", "--key", fleet.key, "--reason", REASON, "--until", "1h").returncode == 0
+    done = fleet.command("resume", "--key", fleet.key, pauses=node_b)
+    assert done.returncode == 0 and "resumed job:%s" % fleet.key in done.stdout, done.stderr
+    assert "other nodes still refuses their runs" in done.stdout
+
+    code, record = fleet.run()
+    assert (code, record["result"], record["pause_source"]) == (72, "skipped_paused", "node")
+    assert (record["paused"], record["pause_reason"]) == ("job:" + fleet.key, REASON)
+    row = json.loads(fleet.command("status", "--key", fleet.key, "--json").stdout)[0]
+    assert (row["paused"]["reason"], row["mirror_only"]) == (REASON, True)
+    assert "this node's mirror only" in fleet.command("status", "--key", fleet.key).stdout
+    assert fleet.run(pauses=node_b)[0] == 0 and fleet.ran() == 1
+
+    done = fleet.command("resume", "--key", fleet.key)
+    assert done.returncode == 0 and "removed this node's mirror" in done.stdout, done.stderr
+    assert fleet.run()[0] == 0 and fleet.ran() == 2
+
+
+def test_a_mirrored_pause_refuses_while_the_backend_is_away(fleet, pauses_dir):
+    """A node paused by its mirror answers paused (72), not backend error (75),
+    without asking the backend: the operator paused it for the outage."""
+    assert fleet.command("pause", "--key", fleet.key, "--reason", REASON, "--until", "1h").returncode == 0
+    gone = Fleet("redis://127.0.0.1:9", fleet.key, fleet.ledger)  # discard port: nothing listens
+    code, record = gone.run()
+    assert (code, record["result"], record["pause_source"]) == (72, "skipped_paused", "node")
+    assert fleet.command("resume", "--key", fleet.key).returncode == 0
+    assert gone.run()[0] == 75 and fleet.ran() == 0
+
+
+@pytest.mark.parametrize("record, reason", [
+    ("{not json", "(unreadable pause record)"),
+    (json.dumps({"reason": "r", "until": "NaN", "by": "b", "at": 0}), "r"),
+    (json.dumps({"reason": "r", "until": 1e308, "by": "b", "at": 0}), "r"),
+    (json.dumps(["a string where a mapping belongs"]), "(unreadable pause record)"),
+])
+def test_a_mirror_record_no_module_wrote_pauses_at_most_the_longest_pause(fleet, pauses_dir, record, reason):
+    """A record that does not read, or ends past what a pause can (NaN,
+    1e308), pauses until the longest pause written with its file would end
+    (its mtime + 30 days): never for good, never not at all."""
+    (pauses_dir / ("job:%s.pause" % fleet.key)).write_text(record)
+    code, line = fleet.run()
+    assert (code, line["result"], line["pause_reason"]) == (72, "skipped_paused", reason)
+    assert 30 * 86400 - 60 < line["paused_until"] - time.time() <= 30 * 86400
+
+
+def test_a_fifo_in_the_mirror_is_a_config_error_not_a_hang(fleet, pauses_dir):
+    os.mkfifo(str(pauses_dir / "all.pause"))
+    done = run_dlock("run", "--job", "billing", "--key", fleet.key, "--backend", fleet.url, "--", "true", timeout=30)
+    assert done.returncode == 78, done.stderr
+    assert "pause mirror %s" % (pauses_dir / "all.pause") in done.stderr and "not a regular file" in done.stderr
+    assert fleet.ran() == 0
+
+
+def test_a_mirrored_pause_ends_on_the_node_at_its_end(fleet, pauses_dir):
+    assert fleet.command("pause", "--key", fleet.key, "--reason", REASON, "--until", "2s").returncode == 0
+    assert fleet.run()[1]["result"] == "skipped_paused"
+    wait_for(lambda: fleet.run()[0] == 0, 15, "the mirrored pause to end at --until")
+    assert (pauses_dir / ("job:%s.pause" % fleet.key)).exists() and fleet.ran() == 1

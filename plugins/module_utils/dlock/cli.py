@@ -76,6 +76,9 @@ def _parser_class():
 BACKEND_FLAGS = ("backend and files", (
     ("--config", {"metavar": "FILE", "help": "global config (default /etc/dlock/dlock.json)"}),
     ("--jobs-dir", {"metavar": "DIR", "help": "job files (default /etc/dlock/jobs)"}),
+    ("--pauses-dir", {"metavar": "DIR",
+                      "help": "this node's mirror of the fleet's pauses: a pause there refuses runs as the "
+                              "backend's does (default /var/lib/dlock/pauses)"}),
     ("--backend", {"metavar": "URL",
                    "help": "redis://[user@]host[:port][/db], rediss://..., postgresql://user@host/db, "
                            "postgresql+advisory://..., file:///run/dlock"}),

@@ -13,6 +13,7 @@ from .backends import ALL_SCOPE, GROUP_SCOPE, group_scope, job_scope, open_backe
 from .config import load_job_settings, load_settings
 from .errors import EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
 from .owner import operator
+from .pause_files import mirror_pause, mirrored_pauses, unmirror_pause
 from .slots import BOUNDARY_FORMAT
 from .validate import format_duration
 
@@ -76,11 +77,16 @@ def _status_rows(settings, jobs):
             # One batch, not a round trip per lock (Backend.query_many).
             views = backend.query_many([key for _job, key, _groups in jobs])
             pauses = _pauses_by_scope(backend, jobs)
+            mirrored = _mirrored_by_scope(settings, jobs)
             for (job, key, groups), view in zip(jobs, views):
                 row = view.as_dict()
-                # The pause that refuses its grants: the first of its scopes that is paused.
-                pause = next((pauses[scope] for scope in pause_scopes(key, groups) if scope in pauses), None)
-                row.update(job=job, paused=pause.as_dict() if pause else None)
+                # The pause that refuses its grants: the first of its scopes that is paused,
+                # in the backend, else in this node's mirror (pause_files.py).
+                scopes = pause_scopes(key, groups)
+                pause = next((pauses[scope] for scope in scopes if scope in pauses), None)
+                mirror = next((mirrored[scope] for scope in scopes if scope in mirrored), None)
+                row.update(job=job, paused=(pause or mirror).as_dict() if pause or mirror else None,
+                           mirror_only=pause is None and mirror is not None)
                 rows.append(row)
         except BackendError as exc:
             rows, failure = None, exc
@@ -101,13 +107,20 @@ def _pauses_by_scope(backend, jobs):
     return dict((pause.scope, pause) for pause in backend.read_pauses(list(scopes)))
 
 
+def _mirrored_by_scope(settings, jobs):
+    """{scope: Pause} of the live pauses of these jobs' scopes in this node's mirror."""
+    scopes = dict.fromkeys(scope for _job, key, groups in jobs for scope in pause_scopes(key, groups))
+    return dict((pause.scope, pause) for pause in mirrored_pauses(settings.pauses_dir, list(scopes)))
+
+
 def _pause_cell(row):
     pause = row.get("paused")
     if not pause:
         return "-"
     scope = pause["scope"]
     whose = " (all)" if scope == ALL_SCOPE else " (%s)" % scope if scope.startswith(GROUP_SCOPE) else ""
-    return "until %s%s: %s" % (_utc(pause["until"]) if pause["until"] else "?", whose, pause["reason"])
+    return "until %s%s: %s%s" % (_utc(pause["until"]) if pause["until"] else "?", whose, pause["reason"],
+                                 " [this node's mirror only: not in the backend]" if row.get("mirror_only") else "")
 
 
 def _member_text(member):
@@ -269,6 +282,7 @@ def pause(args, flags):
         sys.stdout.write("paused %s until %s (%s on the backend's clock), by %s: %s\n"
                          % (scope, _utc(paused.until), format_duration(round(paused.until - paused.at)), paused.by,
                             paused.reason))
+        _mirror_here(settings, paused)
         drained, failed = _drain(backend, keys, scope, paused) if keys else ([], [])
     finally:
         backend.close()
@@ -293,8 +307,34 @@ def resume(args, flags):
                      "reason": args.reason, "by": operator(),
                      "pause_reason": ended.reason if ended else None})
     sys.stdout.write("resumed %s (paused by %s: %s)\n" % (scope, ended.by, ended.reason) if ended
-                     else "%s was not paused\n" % scope)
+                     else "%s was not paused in the backend\n" % scope)
+    _unmirror_here(settings, scope, ended is not None)
     return 0
+
+
+# `dlock pause` and `dlock resume` keep this node's mirror (pause_files.py)
+# in step with the backend; the other nodes' mirrors are the module's
+# (dlock.fleet.dlock_pause on every node), so a resume says they may remain.
+def _mirror_here(settings, paused):
+    try:
+        mirror_pause(settings.pauses_dir, paused)
+    except OSError as exc:
+        sys.stderr.write("dlock pause: not mirrored on this node (%s): %s\n"
+                         % (settings.pauses_dir, exc.strerror or exc))
+
+
+def _unmirror_here(settings, scope, ended):
+    try:
+        removed = unmirror_pause(settings.pauses_dir, scope)
+    except OSError as exc:
+        sys.stderr.write("dlock resume: this node's mirror of the pause (%s) was not removed: %s\n"
+                         % (settings.pauses_dir, exc.strerror or exc))
+        return
+    if removed:
+        sys.stdout.write("removed this node's mirror of the pause of %s\n" % scope)
+    if removed or ended:
+        sys.stdout.write("a mirror of it on other nodes still refuses their runs until it ends; "
+                         "dlock.fleet.dlock_pause with state=resumed ends it on every node\n")
 
 
 def check_clock(args, flags):

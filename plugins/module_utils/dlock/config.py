@@ -11,15 +11,16 @@ import os
 from . import validate
 from .errors import ConfigError
 from .options import OPTION_NAMES, LockOptions, check_backend_ttl
+from .pause_files import DEFAULT_PAUSES_DIR
 from .safefile import MAX_SECRET_BYTES, read_regular, require_regular
 
 DEFAULT_CONFIG = "/etc/dlock/dlock.json"
 DEFAULT_JOBS_DIR = "/etc/dlock/jobs"
 CREDENTIAL_NAME = "dlock-backend"  # systemd LoadCredential= name of the password
 
-GLOBAL_KEYS = ("backend", "password_file", "ca_file", "fence_epoch", "jobs_dir", "metrics_dir", "defaults")
-GLOBAL_PATHS = ("password_file", "ca_file", "jobs_dir", "metrics_dir")
-PATH_FLAGS = ("jobs_dir", "password_file", "ca_file", "metrics_dir")  # checked in the order --help lists them
+GLOBAL_KEYS = ("backend", "password_file", "ca_file", "fence_epoch", "jobs_dir", "metrics_dir", "pauses_dir", "defaults")
+GLOBAL_PATHS = ("password_file", "ca_file", "jobs_dir", "metrics_dir", "pauses_dir")
+PATH_FLAGS = ("jobs_dir", "pauses_dir", "password_file", "ca_file", "metrics_dir")  # checked in the order --help lists them
 JOB_KEYS = ("command", "key", "groups", "environment", "working_directory", "description") + OPTION_NAMES
 
 
@@ -83,6 +84,7 @@ class Settings(object):
         self.ca_file = None
         self.fence_epoch = 0
         self.jobs_dir = DEFAULT_JOBS_DIR
+        self.pauses_dir = DEFAULT_PAUSES_DIR  # this node's mirror of the fleet's pauses (pause_files.py)
         self.metrics_dir = None
         self.options = None
         self.defaults = {}  # the global file's `defaults`, under every job's options
@@ -112,6 +114,7 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
     global_cfg, where = _load_global(settings, flags)
     settings.defaults = global_cfg.get("defaults") or {}
     settings.jobs_dir = flags.get("jobs_dir") or global_cfg.get("jobs_dir") or DEFAULT_JOBS_DIR
+    settings.pauses_dir = flags.get("pauses_dir") or global_cfg.get("pauses_dir") or DEFAULT_PAUSES_DIR
     job_cfg = _load_job(settings, job, job_must_exist or (need_command and not command))
     settings.scheme = _load_backend(settings, flags, global_cfg, where)
     if job is None:

@@ -31,6 +31,9 @@ METRICS = (
      "1 while a pause of the job's lock, of one of its groups or of every lock refuses its runs (dlock pause)."),
     ("dlock_pause_until_timestamp_seconds", "gauge", "Unix time the pause that refuses the job's runs ends."),
     ("dlock_pause_start_timestamp_seconds", "gauge", "Unix time the pause that refuses the job's runs was set."),
+    ("dlock_pause_mirror_only", "gauge",
+     "1 while only this node's mirror of a pause refuses the job's runs: the backend has lost the pause "
+     "(restarted empty, or restored from an older backup)."),
     ("dlock_job_file_invalid", "gauge",
      "1 for a job file this node's runner cannot load: the job does not run here (dlock status names why)."),
     ("dlock_lock_state_refresh_success", "gauge", "1 when the last lock-state refresh could query the backend."),
@@ -146,8 +149,10 @@ def families(rows, periods, clock, refreshed_at, backend=None, invalid_jobs=()):
         samples["dlock_lock_state_fencing_token"].append((labels, row.get("fence") or 0))
         pause = row.get("paused")
         samples["dlock_paused"].append((labels, 1 if pause else 0))
+        samples["dlock_pause_mirror_only"].append((labels, 1 if row.get("mirror_only") else 0))
         if pause and pause.get("until") is not None:
             samples["dlock_pause_until_timestamp_seconds"].append((labels, pause["until"]))
+        if pause and pause.get("at") is not None:
             samples["dlock_pause_start_timestamp_seconds"].append((labels, pause["at"]))
         last = row.get("last") or {}
         if last.get("finished_at") is not None:

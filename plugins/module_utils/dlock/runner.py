@@ -17,6 +17,7 @@ from .backends import Slot, open_backend, pause_scopes
 from .deadline import LeaseDeadline, now
 from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError, OutcomeUnknown
 from .owner import hostname, new_owner
+from .pause_files import mirrored_pauses
 from .slots import boundary, marker_ttl, run_id, slot_lead, slot_number
 from .supervision import Supervisor
 from .validate import format_duration
@@ -91,6 +92,13 @@ class Runner(object):
     def run(self):
         started_wall, started = time.time(), time.monotonic()
         backend = None
+        mirrored = self._mirrored_pause()
+        if mirrored is not None:
+            # Before the backend is asked: the node's mirror refuses alone,
+            # and so also while the backend is away (pause_files.py).
+            code, result = self._paused(mirrored, "node")
+            self.report.finish(result, code, started, started_wall)
+            return code
         try:
             try:
                 backend = open_backend(self.settings.backend_url, self.settings.password, self.options.op_timeout,
@@ -158,15 +166,24 @@ class Runner(object):
         """(exit code, result) of a refused grant: held, slot done, or a refused rerun."""
         self.record["holder"] = grant.holder.owner if grant.holder else None
         if grant.status == "paused":
-            pause = grant.pause
-            self.record.update(paused=pause.scope, pause_reason=pause.reason, paused_until=pause.until,
-                               paused_by=pause.by)
-            return self._exit("paused"), "skipped_paused"
+            return self._paused(grant.pause, "backend")
         if slot is not None and slot.rerun and grant.status != "locked":
             return self._rerun_refused(grant.status, slot)
         if grant.status == "duplicate":
             return self._exit("duplicate"), "skipped_duplicate"
         return self._exit("locked"), "skipped_locked"
+
+    def _mirrored_pause(self):
+        """The first live pause of the job's scopes in this node's mirror, or None."""
+        pauses = mirrored_pauses(self.settings.pauses_dir, pause_scopes(self.settings.key, self.settings.groups))
+        return pauses[0] if pauses else None
+
+    def _paused(self, pause, source):
+        """(exit code, result) of a run refused by `pause`; `source`: whose
+        record refused it, the backend's or this node's mirror."""
+        self.record.update(paused=pause.scope, pause_reason=pause.reason, paused_until=pause.until,
+                           paused_by=pause.by, pause_source=source)
+        return self._exit("paused"), "skipped_paused"
 
     def _granted_run(self, backend, fence, slot, sent):
         """Run the job under the lease just granted, then release it, whatever happened."""

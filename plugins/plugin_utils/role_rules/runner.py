@@ -30,6 +30,7 @@ TABLE = {
     "dlock_runner_fence_epoch": kind(validate.fence_epoch, "int"),
     "dlock_runner_config_dir": path,
     "dlock_runner_jobs_dir": path,
+    "dlock_runner_pauses_dir": path,
     "dlock_runner_password_path": path,
     "dlock_runner_install_dir": path,
     "dlock_runner_bin": path,

@@ -2,7 +2,7 @@
 
 from ..validate import SCHEMES, backend_url
 from .base import (ALL_SCOPE, GROUP_SCOPE, Backend, Grant, LockView, Pause, Slot,  # noqa: F401  (re-exported)
-                   group_scope, job_scope, pause_scopes, scope_parts, validate_key)
+                   group_scope, job_scope, pause_path, pause_scopes, scope_parts, validate_key)
 from .epoch import with_epoch
 
 

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import time
 
 from .. import validate
@@ -223,6 +224,30 @@ class Pause(object):
 
     def as_dict(self):
         return {"scope": self.scope, "reason": self.reason, "until": self.until, "by": self.by, "at": self.at}
+
+
+def pause_path(directory, scope):
+    """The file of the pause of `scope` in `directory` (the file:// backend's,
+    a node's mirror: pause_files.py)."""
+    scope_parts(scope)  # checked: the scope is part of a file name
+    return os.path.join(directory, scope + ".pause")
+
+
+def live_pause(path, scope, text, now=None):
+    """The live Pause the file `path` holding `text` (None: no file) says,
+    or None when its until has passed. A record that is unreadable, or ends
+    later than the longest pause could when its file was written, ends where
+    that longest pause would: a stray file cannot stop the jobs for good."""
+    if text is None:
+        return None
+    pause = Pause.from_record(scope, text)
+    try:
+        latest = os.stat(path).st_mtime + validate.MAX_DURATION
+    except FileNotFoundError:
+        return None  # ended since it was read
+    if pause.until is None or not pause.until <= latest:  # not <=: NaN too
+        pause.until = latest
+    return pause if pause.until > (time.time() if now is None else now) else None
 
 
 class Backend(object):

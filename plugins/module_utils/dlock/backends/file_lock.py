@@ -40,8 +40,7 @@ import time
 from ..errors import BackendError, ConfigError
 from ..safefile import read_regular, replace_file
 from ..slots import marker_owner, outcome_marker
-from ..validate import MAX_DURATION
-from .base import Backend, Grant, LockView, Pause, pause_ms, rerun_refusal, scope_parts
+from .base import Backend, Grant, LockView, Pause, live_pause, pause_ms, pause_path, rerun_refusal
 
 POLL = 0.01
 MAX_FENCE = 2 ** 63 - 1
@@ -119,27 +118,13 @@ class FileBackend(Backend):
         return {} if text is None else _state(text)
 
     def _pause_path(self, scope):
-        scope_parts(scope)  # checked: the scope is part of a file name
-        return self._path(scope, ".pause")
+        return pause_path(self.directory, scope)
 
     def _read_pause(self, scope):
-        """The live pause of scope, or None (none, or its until has passed).
-        A record pause() did not write (unreadable, or ending later than the
-        longest pause written when its file was) ends where that longest
-        pause would: a stray file in a shared directory cannot stop the
-        jobs for good."""
+        """The live pause of scope, or None (none, or its until has passed;
+        base.live_pause: a stray file cannot stop the jobs for good)."""
         path = self._pause_path(scope)
-        text = self._read(path, "file: pause")
-        if text is None:
-            return None
-        pause = Pause.from_record(scope, text)
-        try:
-            latest = os.stat(path).st_mtime + MAX_DURATION
-        except FileNotFoundError:
-            return None  # resumed since it was read
-        if pause.until is None or not pause.until <= latest:  # not <=: NaN too
-            pause.until = latest
-        return pause if pause.until > time.time() else None
+        return live_pause(path, scope, self._read(path, "file: pause"))
 
     @contextlib.contextmanager
     def _pauses_locked(self, operation):
