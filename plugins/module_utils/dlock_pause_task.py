@@ -19,7 +19,7 @@ import time
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import (
     ALL_SCOPE, Pause, group_scope, job_scope, pause_path, scope_parts)
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError, DlockError
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.owner import operator
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import BOUNDARY_FORMAT
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock_args import backend_argument_spec
@@ -162,18 +162,14 @@ def _live(backend, scope):
 
 def _drain(backend, keys, check_mode):
     """drain=kill: the runs going on under KEYS, their locks broken (not in
-    check mode): each runner kills its job at its next renewal."""
-    drained = []
-    for key, view in zip(keys, backend.query_many(keys)):
-        if view.owner is None:
-            continue
-        if not check_mode:
-            try:
-                view = backend.force_release(key)
-            except DlockError as exc:
-                raise ConfigError("%s is paused, but its run going on was not drained: %s" % (key, exc))
-        drained.append({"key": key, "previous_owner": view.owner, "fence": view.fence})
-    return drained
+    check mode; Backend.drain): each runner kills its job at its next
+    renewal. A lock that cannot be broken fails the task once every other
+    one is, naming it."""
+    drained, failed = backend.drain(keys, dry_run=check_mode)
+    if failed:
+        raise ConfigError("; ".join("%s is paused, but its run going on was not drained: %s" % (key, why)
+                                    for key, why in failed))
+    return [{"key": key, "previous_owner": view.owner, "fence": view.fence} for key, view in drained]
 
 
 class _Shown(object):

@@ -248,25 +248,11 @@ def _keys_in_scope(settings, flags, scope):
     return sorted(set(key for _job, key, groups in jobs if kind == "all" or name in groups))
 
 
-def _drain(backend, keys, scope, paused):
-    """--drain kill: break the lock of each run of `keys` going on (after the
-    pause is written, so no new run starts meanwhile). Its runner learns at
-    its next renewal that the lease is gone and kills its job, before the
-    lease could have expired (docs/runner.md, Pausing). Returns ([(key,
-    the holder broken)], [(key, why it could not be)])."""
-    drained, failed = [], []
-    for key, view in zip(keys, backend.query_many(keys)):
-        if view.owner is None:
-            continue
-        try:
-            holder = backend.force_release(key)
-        except DlockError as exc:
-            failed.append((key, str(exc)))
-            continue
-        drained.append((key, holder))
+def _log_drained(drained, scope, paused):
+    """One force_released log line for each run a --drain kill broke."""
+    for key, holder in drained:
         report.log_line({"key": key, "scope": scope, "result": "force_released", "previous_owner": holder.owner,
                          "fence": holder.fence, "reason": "drain: %s" % paused.reason, "by": paused.by})
-    return drained, failed
 
 
 def pause(args, flags):
@@ -283,7 +269,8 @@ def pause(args, flags):
                          % (scope, _utc(paused.until), format_duration(round(paused.until - paused.at)), paused.by,
                             paused.reason))
         _mirror_here(settings, paused)
-        drained, failed = _drain(backend, keys, scope, paused) if keys else ([], [])
+        drained, failed = backend.drain(keys)
+        _log_drained(drained, scope, paused)
     finally:
         backend.close()
     for key, holder in drained:

@@ -146,6 +146,24 @@ def test_a_moment_pause_run_again_changes_nothing_on_any_node(ansible, engine, u
     engine.resume(job_scope(unique_key))
 
 
+def test_drain_kill_of_a_flock_fails_naming_it_with_the_pause_made(tmp_path, unique_key):
+    """A file:// lock is a flock no other process can break: the task fails,
+    naming the run it could not drain, and the pause stands."""
+    url = "file://" + str(tmp_path / "locks")
+    (tmp_path / "locks").mkdir()
+    holder = open_backend(url)
+    try:
+        assert holder.acquire(unique_key, OTHER, 60).granted  # this process holds the flock
+        ansible = Ansible(tmp_path, {"url": url})
+        rc, result, out = ansible.module("dlock_pause", {"key": unique_key, "reason": REASON, "until": "1h",
+                                                         "drain": "kill"})
+        assert rc != 0 and "%s is paused, but its run going on was not drained" % unique_key in result["msg"], out
+        assert [pause.reason for pause in holder.read_pauses([job_scope(unique_key)])] == [REASON]
+        assert holder.query(unique_key).owner == OTHER
+    finally:
+        holder.close()
+
+
 @pytest.fixture(scope="module")
 def on_redis(redis_server, tmp_path_factory):
     """(an Ansible, an engine client) on Redis: what is refused before the

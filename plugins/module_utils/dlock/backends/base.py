@@ -340,6 +340,27 @@ class Backend(object):
         default asks once per key."""
         return [self.query(key) for key in keys]
 
+    def drain(self, keys, dry_run=False):
+        """A pause's drain=kill (`dlock pause --drain kill`, dlock_pause),
+        once the pause is written, so that no new run starts meanwhile: the
+        lock of each run going on under `keys` broken (force_release). Its
+        runner learns at its next renewal that the lease is gone and kills
+        its job before the lease could have expired. Every key is tried,
+        whatever the others did. dry_run: only say which would be. Returns
+        ([(key, the holder broken, a LockView)], [(key, why it could not be)])."""
+        drained, failed = [], []
+        for key, view in zip(keys, self.query_many(keys)):
+            if view.owner is None:
+                continue
+            if not dry_run:
+                try:
+                    view = self.force_release(key)
+                except DlockError as exc:
+                    failed.append((key, str(exc)))
+                    continue
+            drained.append((key, view))
+        return drained, failed
+
     def describe(self, cluster=False):
         """Which member of the backend answered the last operation, and with
         cluster=True the cluster's health as this node sees it (`dlock
