@@ -129,6 +129,86 @@ def test_the_operators_first_commands_find_the_redis_site_yml_provisioned(lab, p
     operators_first_commands(lab, "redis")
 
 
+PAUSE_PLAY = """
+- hosts: dlock_nodes
+  gather_facts: false
+  tasks:
+    - name: Pause or resume the sample job on every node
+      dlock.fleet.dlock_pause:
+        key: sample
+        state: "{{ pause_state }}"
+        reason: "{{ 'lab: pause acceptance' if pause_state == 'paused' else omit }}"
+        until: "{{ '10m' if pause_state == 'paused' else omit }}"
+"""
+PAUSE_MIRROR = "/var/lib/dlock/pauses/job:sample.pause"
+
+
+def pause_on_the_nodes(lab, state):
+    """dlock.fleet.dlock_pause on the job nodes, as an operator runs it right
+    after site.yml: the backend from site.yml's record. Its output."""
+    playbook = os.path.join(lab.state_dir, "pause.yml")
+    with open(playbook, "w") as handle:
+        handle.write(PAUSE_PLAY)
+    done = ansible_playbook(lab, playbook, {"pause_state": state}, "-i", clock_inventory(lab),
+                            "-i", scenario.inventory(lab, "redis"))
+    return done.stdout
+
+
+def sample_runs(lab):
+    """{node: the runner's log line} of one run of the sample job started by hand on each job node."""
+    records = {}
+    for node in lab.group("dlock_nodes"):
+        since = time.time() - 1
+        lab.ssh(node, "systemctl start dlock-sample.service", check=True)  # returns when the run has ended
+        records[node] = run_records(lab, node, "sample", since)[-1]
+    return records
+
+
+def run_without_mirror(lab, node):
+    """The log line of a run of the sample job on NODE that reads no mirror:
+    what the backend alone says."""
+    done = lab.ssh(node, "dlock run --job sample --pauses-dir /run/dlock-no-mirror")
+    return json.loads([line for line in done.stderr.splitlines() if line.startswith("{")][-1])
+
+
+def test_a_pause_made_on_the_nodes_outlives_the_backend_losing_it(lab, provisioned):
+    """Issue 23's acceptance on the Redis fleet: dlock_pause on every job
+    node pauses the sample job once and mirrors it on each; every node's run
+    is refused, and the backend refuses it too. The backend then loses the
+    pause (its key deleted, as a restore from a backup older than the pause
+    would): the backend alone would grant, yet every node still refuses,
+    from its mirror, and exports the loss. The module's resume ends it
+    everywhere, and the job runs again."""
+    provisioned("redis")
+    nodes = lab.group("dlock_nodes")
+    out = pause_on_the_nodes(lab, "paused")
+    assert re.findall(r"changed=(\d+)", out) == ["1"] * len(nodes), out[-3000:]
+    mirrors = set(lab.ssh(node, "cat " + PAUSE_MIRROR, check=True).stdout for node in nodes)
+    assert len(mirrors) == 1 and json.loads(mirrors.pop())["reason"] == "lab: pause acceptance"
+    for node, record in sample_runs(lab).items():
+        assert (record["result"], record["pause_source"]) == ("skipped_paused", "node"), (node, record)
+    record = run_without_mirror(lab, nodes[0])
+    assert (record["result"], record["pause_source"]) == ("skipped_paused", "backend"), record
+
+    backend_node = lab.group("dlock_backend")[0]
+    admin = open(os.path.join(scenario.ephemeral_directory(lab, "redis"), "redis-admin.password")).read().split(
+        " salt=")[0].strip()
+    deleted = lab.ssh(backend_node, 'REDISCLI_AUTH="$(cat)" redis-cli --no-auth-warning --user dlock-admin '
+                                    "DEL 'dlock:{sample}:pause'", check=True, input=admin)
+    assert deleted.stdout.strip() == "1", deleted.stdout
+    assert run_without_mirror(lab, nodes[0])["result"] != "skipped_paused"
+    for node, record in sample_runs(lab).items():
+        assert (record["result"], record["pause_source"]) == ("skipped_paused", "node"), (node, record)
+        metrics = lab.ssh(node, "dlock metrics --output -", check=True).stdout
+        assert re.search(r'^dlock_pause_mirror_only\{job="sample",key="sample"\} 1$', metrics, re.M), metrics
+
+    out = pause_on_the_nodes(lab, "resumed")
+    assert re.findall(r"changed=(\d+)", out) == ["1"] * len(nodes), out[-3000:]
+    for node, record in sample_runs(lab).items():
+        assert record["result"] in ("success", "skipped_duplicate", "skipped_locked"), (node, record)
+        assert lab.ssh(node, "test -e " + PAUSE_MIRROR).returncode == 1, node
+
+
 # site.yml on a backend of the operator's own (dlock_backend, no provisioning):
 # a schedule only systemd-analyze on the node can judge, and an entry the
 # dlock_jobs filter refuses on the controller. Each of the filter's refusals
