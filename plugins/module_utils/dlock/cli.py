@@ -247,6 +247,30 @@ def _add_metrics(sub, raw):
     _backend_flags(metrics_p)
 
 
+def _add_run_now(sub, raw):
+    now_p = sub.add_parser(
+        "run-now", help="run a job once now, on whichever node asks first",
+        usage="dlock run-now JOB [--id ID] [--reason TEXT] [--force] [options]",
+        description="Run the job once now, under its lock, in the foreground, as `dlock run` would, in a slot of its "
+                    "own named by --id: sent again with the same id, from this node or any other, it does not run "
+                    "again (exit 74) for 7 days. The job's own schedule and its slots are left as they are. While "
+                    "another run holds the lock, the job's on_contention applies (skip: exit 73; wait). A pause "
+                    "refuses it (72) unless --force.",
+        epilog="examples:\n"
+               "  dlock run-now nightly-report --reason 'INC-4211: rebuild the report'\n"
+               "  dlock run-now nightly-report --id INC-4211    # from every node at once: it runs once\n"
+               "  dlock run-now billing --force --reason 'CHG-118: test the migration while paused'",
+        formatter_class=raw)
+    now_p.add_argument("job", metavar="JOB", help="the job, by its name")
+    now_p.add_argument("--id", metavar="ID",
+                       help="what makes it run once, however often and from wherever it is sent (default: a new "
+                            "one, printed; 1-100 letters, digits and _ . : @ -)")
+    now_p.add_argument("--reason", metavar="TEXT", help="why (logged; required with --force)")
+    now_p.add_argument("--force", action="store_true",
+                       help="run it although a pause refuses the job (never although another run holds its lock)")
+    _backend_flags(now_p)
+
+
 def _run(values, command):
     # The job's guard and process start first, and get ready (the cgroup
     # move) while the runner loads its modules and takes the lock (child.py).
@@ -257,11 +281,25 @@ def _run(values, command):
     try:
         from .config import load_settings
         from .runner import run
-        settings = load_settings(_flags(values), job=values["job"], command=command, need_command=True,
-                                 rerun=values.get("rerun"), reason=values.get("reason"))
+        if values["command"] == "run-now":
+            settings = load_settings(_flags(values), job=values["job"], need_command=True, job_must_exist=True,
+                                     reason=values["reason"], manual=_manual_id(values), forced=values["force"])
+        else:
+            settings = load_settings(_flags(values), job=values["job"], command=command, need_command=True,
+                                     rerun=values.get("rerun"), reason=values.get("reason"))
         return run(settings, job=job)
     finally:
         job.dismiss()  # when no job was started: skipped, refused, an error
+
+
+def _manual_id(values):
+    """run-now's --id, else a new one, said on stderr: sent again with it, the run does not repeat."""
+    if values["id"] is not None:
+        return values["id"]
+    from .slots import new_manual_id
+    manual = new_manual_id()
+    sys.stderr.write("dlock run-now: id %s (send it again with --id %s: it runs once)\n" % (manual, manual))
+    return manual
 
 
 # The commands, in the order --help lists them, and what adds each one's
@@ -270,6 +308,7 @@ def _run(values, command):
 # (commands.py), nor the reverse.
 COMMANDS = {
     "run": _add_run,
+    "run-now": _add_run_now,
     "status": _add_status,
     "release": _add_release,
     "pause": _add_pause,
@@ -336,7 +375,9 @@ def _main(argv):
         values = vars(args)
     name = values["command"]
     try:
-        if name == "run":
+        if name in ("run", "run-now"):
+            if command and name == "run-now":
+                raise ConfigError("run-now: runs the job's own command; it takes none after '--'")
             return _run(values, command)
         if command:
             raise ConfigError("%s: takes no command after '--'" % name)

@@ -93,7 +93,9 @@ class Settings(object):
         self.job_path = None
         self.cgroup = True  # a cgroup of its own for the job where one can be made (DLOCK_CGROUP)
         self.rerun = None  # `dlock run --rerun`: the number of the slot to run again
-        self.reason = None  # and why (--reason)
+        self.manual = None  # `dlock run-now`: the id of the run asked for by hand
+        self.forced = False  # and --force: run it although a pause refuses the job
+        self.reason = None  # why (--reason), for either
 
 
 # DLOCK_CGROUP: "auto" (the default) gives each job a cgroup v2 of its own
@@ -101,10 +103,12 @@ class Settings(object):
 CGROUP_MODES = ("auto", "off")
 
 
-def load_settings(flags, job=None, command=None, need_command=False, job_must_exist=False, rerun=None, reason=None):
+def load_settings(flags, job=None, command=None, need_command=False, job_must_exist=False, rerun=None, reason=None,
+                  manual=None, forced=False):
     """Settings from files and flags. `flags` maps option names to raw values
     (None when not given); `command` is the argv given after --, if any;
-    `rerun` and `reason`, `dlock run`'s --rerun and --reason.
+    `rerun` and `reason`, `dlock run`'s --rerun and --reason; `manual`,
+    `forced` and `reason`, `dlock run-now`'s --id, --force and --reason.
     Everything is checked here, before any backend is contacted."""
     settings = Settings()
     # Checked with the rest, before any backend is contacted: a typo here
@@ -121,7 +125,11 @@ def load_settings(flags, job=None, command=None, need_command=False, job_must_ex
         settings.options = _lock_options(settings.defaults, {}, flags, where, settings.scheme)
         settings.key = validate.lock_key(flags["key"], "--key") if flags.get("key") else None
         return settings
-    _load_job_fields(settings, flags, job_cfg, command, need_command, rerun, reason)
+    if manual is None:
+        _load_job_fields(settings, flags, job_cfg, command, need_command, rerun, reason)
+    else:
+        _load_job_fields(settings, flags, job_cfg, command, need_command)
+        _load_manual(settings, manual, forced, reason)
     return settings
 
 
@@ -233,6 +241,15 @@ def _lock_options(defaults, job_cfg, flags, where, scheme):
     options = LockOptions.from_mapping(merged, where, scheme)
     check_backend_ttl(options.ttl, scheme, "%s: ttl" % where)
     return options
+
+
+def _load_manual(settings, manual, forced, reason):
+    """`dlock run-now`: its id, why (optional), and --force, which needs a reason (logged)."""
+    settings.manual = validate.manual_id(manual, "--id")
+    settings.reason = None if reason is None else validate.reason(reason)
+    if forced and settings.reason is None:
+        raise ConfigError("--force needs --reason: a run that overrides a pause says why")
+    settings.forced = bool(forced)
 
 
 def _load_rerun(settings, rerun, reason):

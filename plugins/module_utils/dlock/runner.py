@@ -18,20 +18,29 @@ from .deadline import LeaseDeadline, now
 from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError, OutcomeUnknown
 from .owner import hostname, new_owner
 from .pause_files import mirrored_pauses
-from .slots import boundary, marker_ttl, run_id, slot_lead, slot_number
+from .slots import MANUAL_MARKER_TTL, boundary, manual_slot_number, marker_ttl, run_id, slot_lead, slot_number
 from .supervision import Supervisor
 from .validate import format_duration
 from .waiting import acquire as acquire_waiting
 
 
-def acquire(backend, key, owner, options, slot, groups=()):
+def acquire(backend, key, owner, options, slot, pauses=()):
     """(grant, attempts, deadline.now() when the granting request was sent):
-    the boot-time clock the lease deadlines are judged on. A pause of the
-    job's key, of one of its `groups`, or of every key, refuses the grant
-    (base.pause_scopes)."""
+    the boot-time clock the lease deadlines are judged on. A pause of one of
+    the scopes `pauses` (base.pause_scopes: the job's key, its groups, every
+    key) refuses the grant."""
     wait = options.wait_timeout if options.on_contention == "wait" else 0
-    return acquire_waiting(backend, key, owner, options.ttl, slot, wait, clock=now,
-                           pauses=pause_scopes(key, groups))
+    return acquire_waiting(backend, key, owner, options.ttl, slot, wait, clock=now, pauses=pauses)
+
+
+def hand_fields(settings):
+    """What a run asked for by hand says of itself: a rerun and its reason,
+    a run-now's id, reason and whether it was forced past a pause."""
+    if settings.rerun is not None:
+        return {"rerun": True, "rerun_reason": settings.reason}
+    if settings.manual is not None:
+        return {"manual_id": settings.manual, "manual_reason": settings.reason, "forced": settings.forced}
+    return {}
 
 
 class RunReport(object):
@@ -43,9 +52,8 @@ class RunReport(object):
         self.stderr = stderr
         self.record = {"job": settings.job, "key": settings.key, "owner": owner,
                        "host": hostname(), "attempt": 0, "wait_ms": 0}
-        if settings.rerun is not None:
-            # In the log line and the last run's record (Runner._release).
-            self.record.update(rerun=True, rerun_reason=settings.reason)
+        # In the log line and the last run's record (Runner._release).
+        self.record.update(hand_fields(settings))
         self.gauges = {}
 
     def finish(self, result, code, started, started_wall):
@@ -92,7 +100,7 @@ class Runner(object):
     def run(self):
         started_wall, started = time.time(), time.monotonic()
         backend = None
-        mirrored = self._mirrored_pause()
+        mirrored = None if self.settings.forced else self._mirrored_pause()
         if mirrored is not None:
             # Before the backend is asked: the node's mirror refuses alone,
             # and so also while the backend is away (pause_files.py).
@@ -135,6 +143,9 @@ class Runner(object):
     def _slot(self, offset):
         """The once_per slot this run asks for (or reruns), None without once_per."""
         once_per = self.options.once_per
+        if self.settings.manual is not None:
+            # A slot of its own, named by the id (slots.manual_slot_number): it runs once.
+            return Slot(manual_slot_number(self.settings.manual), MANUAL_MARKER_TTL)
         if self.settings.rerun is not None:
             # The slot named: the backend grants it only if it may be rerun (base.rerun_refusal).
             return Slot(self.settings.rerun, marker_ttl(once_per), once_per, rerun=True, lead=self._slot_lead())
@@ -151,9 +162,10 @@ class Runner(object):
         """(grant, the boot-time clock when the granting request was sent), the
         attempts, the wait and the answering member in the report."""
         asked = time.monotonic()
-        grant, attempts, sent = acquire(backend, self.settings.key, self.owner, self.options, slot,
-                                        self.settings.groups)
-        if slot is not None:
+        # A run-now with --force is not refused by a pause (the operator said why: hand_fields).
+        pauses = () if self.settings.forced else pause_scopes(self.settings.key, self.settings.groups)
+        grant, attempts, sent = acquire(backend, self.settings.key, self.owner, self.options, slot, pauses)
+        if slot is not None and self.settings.manual is None:  # a run-now's: its manual_id
             self.record["slot"] = slot.number
         self.record.update(attempt=attempts, wait_ms=int((time.monotonic() - asked) * 1000))
         # The member that answered the acquire: on a cluster, the one that granted (or refused).
@@ -170,6 +182,9 @@ class Runner(object):
         if slot is not None and slot.rerun and grant.status != "locked":
             return self._rerun_refused(grant.status, slot)
         if grant.status == "duplicate":
+            if self.settings.manual is not None:
+                self.record["refused"] = ("run-now id %s already ran (an id runs once, for %s)"
+                                          % (self.settings.manual, format_duration(MANUAL_MARKER_TTL)))
             return self._exit("duplicate"), "skipped_duplicate"
         return self._exit("locked"), "skipped_locked"
 
@@ -188,7 +203,7 @@ class Runner(object):
     def _granted_run(self, backend, fence, slot, sent):
         """Run the job under the lease just granted, then release it, whatever happened."""
         self.record.update(fence=fence, run_id=run_id(self.settings.job, slot and slot.number,
-                                                      self.options.once_per, fence))
+                                                      self.options.once_per, fence, self.settings.manual))
         self.report.gauges.update(dlock_fencing_token=fence, dlock_lock_held=1, dlock_lock_age_seconds=0,
                                   dlock_lease_overrun_seconds=0)
         try:
@@ -225,8 +240,7 @@ class Runner(object):
     def _release(self, backend, result, code, slot=None):
         last = {"result": result, "exit_code": code, "owner": self.owner, "host": self.record["host"],
                 "fence": self.record.get("fence"), "run_id": self.record.get("run_id"), "finished_at": time.time()}
-        if self.settings.rerun is not None:
-            last.update(rerun=True, rerun_reason=self.settings.reason)
+        last.update(hand_fields(self.settings))
         # The run is what the job made it whatever comes of its release: its
         # outcome (report.RELEASE_UNCONFIRMED) goes to the log line and the
         # metrics only. A lease not released expires by itself within its TTL.

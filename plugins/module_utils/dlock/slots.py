@@ -15,7 +15,10 @@ half of a slot (a timer restarted mid-slot fires at once) run the next slot
 early, so that the nodes firing on its boundary found it done.
 """
 
+import binascii
+import hashlib
 import math
+import os
 import time
 
 # A grant whose slot is decided on the backend's clock asks again, with the
@@ -62,11 +65,33 @@ def boundary(slot, width):
 BOUNDARY_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
-def run_id(job, slot, width, fence):
-    """DLOCK_RUN_ID: stable for one slot (job@boundary, UTC), else job#fence."""
+def run_id(job, slot, width, fence, manual=None):
+    """DLOCK_RUN_ID: job@manual:ID for a run asked for by hand, stable for
+    one slot (job@boundary, UTC), else job#fence."""
+    if manual is not None:
+        return "%s@manual:%s" % (job, manual)
     if slot is None:
         return "%s#%d" % (job, fence)
     return "%s@%s" % (job, boundary(slot, width))
+
+
+# A run asked for by hand (`dlock run-now`) claims a slot of its own, named by
+# its id, through the same once-per marker as a schedule's slot, so that it
+# runs once whichever nodes send it and however often. Its number is below
+# every schedule's slot (those count from 1970, >= 0): minus 1 minus 60 bits
+# of the id's SHA-256, so ids do not meet by chance (2**-60), and the backends
+# keep it as they keep any slot (a marker key, a bigint row). Its marker lives
+# MANUAL_MARKER_TTL: the id runs once within that.
+MANUAL_MARKER_TTL = 7 * 86400.0
+
+
+def manual_slot_number(manual):
+    return -1 - int(hashlib.sha256(manual.encode("utf-8")).hexdigest()[:15], 16)
+
+
+def new_manual_id():
+    """A run id for `dlock run-now` without --id: when, and 32 random bits."""
+    return "%s-%s" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), binascii.hexlify(os.urandom(4)).decode())
 
 
 # What a slot marker holds: the owner token of the grant that claimed the

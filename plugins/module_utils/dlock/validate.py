@@ -117,6 +117,17 @@ def lock_key(value, field="key"):
                 kind="lock key")
 
 
+# The id of a run asked for by hand (`dlock run-now --id`, dlock_run_now):
+# the key that makes it run once, whoever sends it and however often.
+MANUAL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,99}")
+
+
+def manual_id(value, field="--id"):
+    return text(value, field, 100, MANUAL_ID,
+                "1-100 characters: letters, digits and _ . : @ -, starting with a letter or digit",
+                kind="run id")
+
+
 # A group of jobs (a job's `groups`, `dlock pause --group`): a name as a
 # job's, which becomes part of a pause's key or file name on the backend.
 GROUP_NAME = JOB_NAME
