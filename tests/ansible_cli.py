@@ -73,6 +73,24 @@ class Ansible(object):
                              env=ansible_env(), capture_output=True, text=True, timeout=180, check=False)
         return out.returncode, adhoc_result(out.stdout), out.stdout + out.stderr
 
+    def play_on_lockers(self, tasks, *options):
+        """Run TASKS on the inventory's two job nodes, h1 and h2 (in
+        parallel); ({host: the last task's result}, output). The play must
+        succeed."""
+        results = self.dir / "results"
+        results.mkdir(exist_ok=True)
+        for stale in results.iterdir():
+            stale.unlink()
+        playbook = self.dir / "lockers.yml"
+        last = dict(tasks[-1], register="last", ignore_errors=True)
+        keep = {"ansible.builtin.copy": {"content": "{{ last | to_json }}", "dest": str(results / "{{ inventory_hostname }}")},
+                "check_mode": False, "diff": False}
+        playbook.write_text(yaml.safe_dump([{"hosts": "lockers", "gather_facts": False,
+                                             "tasks": tasks[:-1] + [last, keep]}]))
+        run = self.playbook(str(playbook), None, *options)
+        assert run.returncode == 0, run.stdout + run.stderr
+        return dict((host, json.loads((results / host).read_text())) for host in ("h1", "h2")), run.stdout
+
     def adhoc(self, args, *options):
         """`ansible localhost -m dlock.fleet.dlock -a ARGS`: (rc, result dict, output).
         The timeout only catches a hang: a live call starved of CPU beside

@@ -24,9 +24,9 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock_pause_task impor
     argument_spec, check_params, mirror_entry, run)
 from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_action import BackendAction
 from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_backend_options import task_parameters
+from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_jobs_list import JOBS_VAR, present_jobs
 from ansible_collections.dlock.fleet.plugins.plugin_utils.dlock_once import once_per_task
 
-JOBS_VAR = "dlock_jobs_list"
 PAUSES_DIR_VAR = "dlock_runner_pauses_dir"  # the dlock_runner role's, where the host's runner reads the mirror
 # What makes two hosts' tasks one pause (their drain_keys may differ: the first host's are drained).
 IDENTITY = ("key", "group", "all", "state", "reason", "until", "drain")
@@ -80,7 +80,7 @@ def resolve_scope(params, jobs):
     A job not in the list, or a group no job of it is in, is refused: a
     typo would pause nothing."""
     params = dict(params)
-    entries = _present_jobs(jobs)
+    entries = present_jobs(jobs)
     if params.get("job") is not None:
         name = validate.job_name(params["job"], "job")
         if entries is None or name not in entries:
@@ -98,19 +98,3 @@ def resolve_scope(params, jobs):
         group = params.get("group")
         params["drain_keys"] = sorted(set(key for key, groups in entries.values() if group is None or group in groups))
     return params
-
-
-def _present_jobs(jobs):
-    """{name: (lock key, groups)} of the present jobs of a dlock_jobs_list, or
-    None when the host has none; every value through the validation core."""
-    if jobs is None:
-        return None
-    entries = {}
-    for index, job in enumerate(validate.items(jobs, JOBS_VAR, validate.mapping, max_items=100000)):
-        where = "%s[%d]" % (JOBS_VAR, index)
-        if job.get("state", "present") == "absent":
-            continue
-        name = validate.job_name(job.get("name"), "%s: name" % where)
-        key = validate.lock_key(job["key"], "%s: key" % where) if job.get("key") is not None else name
-        entries[name] = (key, validate.groups(job.get("groups") or [], "%s: groups" % where))
-    return entries

@@ -92,21 +92,6 @@ def test_drain_kill_breaks_the_locks_of_the_group_s_runs(ansible, engine, unique
         engine.release(unique_key + "-report", OTHER)
 
 
-def play_on_lockers(ansible, tasks, *options):
-    """Run TASKS on the inventory's two job nodes, h1 and h2 (in parallel,
-    forks 5); ({host: the last task's result}, output)."""
-    results = ansible.dir / "results"
-    results.mkdir(exist_ok=True)
-    playbook = ansible.dir / "lockers.yml"
-    last = dict(tasks[-1], register="last")
-    playbook.write_text(yaml.safe_dump([{"hosts": "lockers", "gather_facts": False, "tasks": tasks[:-1] + [last] + [
-        {"ansible.builtin.copy": {"content": "{{ last | to_json }}", "dest": str(results / "{{ inventory_hostname }}")},
-         "check_mode": False, "diff": False}]}]))
-    run = ansible.playbook(str(playbook), None, *options)
-    assert run.returncode == 0, run.stdout + run.stderr
-    return dict((host, json.loads((results / host).read_text())) for host in ("h1", "h2")), run.stdout
-
-
 def test_a_play_on_the_nodes_pauses_once_and_mirrors_on_each(ansible, engine, unique_key):
     """On two hosts at once: one makes the pause in the backend (its `2h`
     one end for the fleet), each writes the same record to its mirror; the
@@ -115,7 +100,7 @@ def test_a_play_on_the_nodes_pauses_once_and_mirrors_on_each(ansible, engine, un
     jobs = [{"name": "billing", "key": unique_key, "groups": [group]}]
     pause = {"dlock.fleet.dlock_pause": {"group": group, "reason": REASON, "until": "2h"}, "vars": {
         "dlock_jobs_list": jobs}}
-    results, out = play_on_lockers(ansible, [pause], "--diff")
+    results, out = ansible.play_on_lockers([pause], "--diff")
     assert sorted(result["made_here"] for result in results.values()) == [False, True], out
     assert all(result["changed"] and result["mirror"]["changed"] for result in results.values()), out
     live = engine.read_pauses([group_scope(group)])
@@ -125,23 +110,23 @@ def test_a_play_on_the_nodes_pauses_once_and_mirrors_on_each(ansible, engine, un
     assert "/group:%s.pause" % group in out  # the mirror's diff
 
     # Again, in check mode: the same group, a new end (2h from now): would replace, writes nothing.
-    results, out = play_on_lockers(ansible, [pause], "--check")
+    results, out = ansible.play_on_lockers([pause], "--check")
     assert all(result["changed"] for result in results.values()), out
     assert engine.read_pauses([group_scope(group)])[0].until == live[0].until
 
     resume = {"dlock.fleet.dlock_pause": {"group": group, "state": "resumed"}, "vars": {"dlock_jobs_list": jobs}}
-    results, out = play_on_lockers(ansible, [resume])
+    results, out = ansible.play_on_lockers([resume])
     assert sorted(result["made_here"] for result in results.values()) == [False, True], out
     assert all(result["changed"] and result["paused"] is None for result in results.values()), out
     assert engine.read_pauses([group_scope(group)]) == [] and not any(path.exists() for path in mirrors)
-    results, out = play_on_lockers(ansible, [resume])
+    results, out = ansible.play_on_lockers([resume])
     assert not any(result["changed"] for result in results.values()), out
 
 
 def test_a_moment_pause_run_again_changes_nothing_on_any_node(ansible, engine, unique_key):
     pause = {"dlock.fleet.dlock_pause": {"key": unique_key, "reason": REASON, "until": an_hour_ahead()}}
-    play_on_lockers(ansible, [pause])
-    results, out = play_on_lockers(ansible, [pause])
+    ansible.play_on_lockers([pause])
+    results, out = ansible.play_on_lockers([pause])
     assert not any(result["changed"] for result in results.values()), out
     engine.resume(job_scope(unique_key))
 
