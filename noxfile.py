@@ -81,7 +81,7 @@ def integration(session):
 
 @nox.session(python=False, tags=["full"])
 def modules(session):
-    """pytest tests/integration/module: the controller's modules (dlock, dlock_pause) and their action plugins
+    """pytest tests/integration/module: the controller's modules (dlock, dlock_pause, dlock_run_now) and their action plugins
     through real ansible and ansible-playbook runs, against real redis-server and PostgreSQL on loopback. A session
     of its own so that it runs in a lane with time to spare (scripts/test.sh), not in the engine's, the longest."""
     session.run(*PYTEST, "tests/integration/module", *session.posargs, external=True)

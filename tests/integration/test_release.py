@@ -38,8 +38,8 @@ SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "CHANGELOG
                "bindep.txt", "meta", "playbooks", "plugins", "roles", "changelogs", "examples", "docs"}
 # The reference the README links to, and the design (Galaxy shows docs/*.md).
 DOCS = sorted(name for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
-# The controller's modules, with an action plugin each.
-CONTROLLER_MODULES = ("dlock", "dlock_pause")
+# The modules with an action plugin each (dlock_run_now's runs the module on the node).
+CONTROLLER_MODULES = ("dlock", "dlock_pause", "dlock_run_now")
 # The roles' node modules, beside the controller's.
 NODE_MODULES = ("dlock_etcd_access", "dlock_postgresql_access", "dlock_patroni_cluster", "dlock_job_units",
                 "dlock_files")

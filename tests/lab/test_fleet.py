@@ -139,6 +139,12 @@ PAUSE_PLAY = """
         state: "{{ pause_state }}"
         reason: "{{ 'lab: pause acceptance' if pause_state == 'paused' else omit }}"
         until: "{{ '10m' if pause_state == 'paused' else omit }}"
+      when: pause_state != 'run-now'
+    - name: Run the sample job now, once, on one of the nodes
+      dlock.fleet.dlock_run_now:
+        job: sample
+        reason: "lab: run-now acceptance"
+      when: pause_state == 'run-now'
 """
 PAUSE_MIRROR = "/var/lib/dlock/pauses/job:sample.pause"
 
@@ -207,6 +213,11 @@ def test_a_pause_made_on_the_nodes_outlives_the_backend_losing_it(lab, provision
     for node, record in sample_runs(lab).items():
         assert record["result"] in ("success", "skipped_duplicate", "skipped_locked"), (node, record)
         assert lab.ssh(node, "test -e " + PAUSE_MIRROR).returncode == 1, node
+
+    # dlock_run_now on every node at once: the job runs on one of them (changed), the others skip.
+    out = pause_on_the_nodes(lab, "run-now")
+    assert sorted(re.findall(r"changed=(\d+)", out)) == ["0"] * (len(nodes) - 1) + ["1"], out[-3000:]
+    assert "failed=0" in out and "failed=1" not in out, out[-3000:]
 
 
 # site.yml on a backend of the operator's own (dlock_backend, no provisioning):
