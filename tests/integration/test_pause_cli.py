@@ -6,6 +6,7 @@ by itself, and bad values are refused before anything is written."""
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 
@@ -367,3 +368,26 @@ def test_a_mirrored_pause_ends_on_the_node_at_its_end(fleet, pauses_dir):
     assert fleet.run()[1]["result"] == "skipped_paused"
     wait_for(lambda: fleet.run()[0] == 0, 15, "the mirrored pause to end at --until")
     assert (pauses_dir / ("job:%s.pause" % fleet.key)).exists() and fleet.ran() == 1
+
+
+def test_a_refused_run_says_when_a_pause_skipped_its_slot(fleet, tmp_path):
+    """dlock_last_paused_timestamp_seconds: set by a run a pause refused,
+    left alone by a run that ran (DlockJobNotRun counts from the later)."""
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    run = ("run", "--job", "billing", "--key", fleet.key, "--backend", fleet.url, "--metrics-dir", str(metrics),
+           "--", "true")
+
+    def paused_at():
+        found = re.search(r'^dlock_last_paused_timestamp_seconds\{job="billing"\} (\S+)$',
+                          (metrics / "dlock_billing.prom").read_text(), re.M)
+        return float(found.group(1)) if found else None
+
+    assert run_dlock(*run).returncode == 0 and paused_at() is None
+    assert fleet.command("pause", "--key", fleet.key, "--reason", REASON, "--until", "1h").returncode == 0
+    before = time.time()
+    assert run_dlock(*run).returncode == 72
+    refused = paused_at()
+    assert before - 1 <= refused <= time.time() + 1
+    assert fleet.command("resume", "--key", fleet.key).returncode == 0
+    assert run_dlock(*run).returncode == 0 and paused_at() == refused

@@ -36,6 +36,8 @@ METRICS = (
     ("dlock_last_run_timestamp_seconds", "gauge", "Unix time at which the last run ended."),
     ("dlock_last_run_duration_seconds", "gauge", "Wall time of the last run, lock handling included."),
     ("dlock_last_exit_code", "gauge", "Exit code of the last run of the runner."),
+    ("dlock_last_paused_timestamp_seconds", "gauge",
+     "Unix time at which a pause last refused a run of the job on this node: that slot was skipped, not missed."),
     ("dlock_lock_held", "gauge", "1 while this node holds the job's lock."),
     ("dlock_lock_age_seconds", "gauge", "Age of the lease this node holds (0 when it holds none)."),
     ("dlock_fencing_token", "gauge", "Fencing token of this node's last grant of the lock."),

@@ -71,6 +71,9 @@ class RunReport(object):
             self.gauges.update(dlock_lock_held=0, dlock_lock_age_seconds=0, dlock_last_exit_code=code,
                                dlock_last_run_timestamp_seconds=round(time.time(), 3),
                                dlock_last_run_duration_seconds=round(time.time() - started_wall, 3))
+        if result == "skipped_paused":
+            # DlockJobNotRun counts a job's silence from here, not from its last run before the pause.
+            self.gauges["dlock_last_paused_timestamp_seconds"] = round(time.time(), 3)
         try:
             # The release's outcome is in the record by the run's end (none at the grant).
             report.write_metrics(settings.metrics_dir, settings.job, self.gauges, result, self.record.get("release"))
