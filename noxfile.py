@@ -75,8 +75,17 @@ def integration(session):
     the roles' preflight and templates, Hypothesis properties (the published collection is the release session's;
     the modules through real ansible runs, the modules session's)."""
     args = session.posargs or ["tests/unit", "tests/integration", "--ignore=tests/integration/test_release.py",
-                               "--ignore=tests/integration/module"]
+                               "--ignore=tests/integration/module", "--ignore=tests/integration/operations"]
     session.run(*PYTEST, *args, external=True)
+
+
+@nox.session(python=False, tags=["full"])
+def operations(session):
+    """pytest tests/integration/operations: what an operator does by hand, through the runner, on every backend on
+    loopback - pause and resume (a job's, a group's, the fleet's, drained, mirrored on the node), run-now, rerun of a
+    failed slot. A session of its own, in the etcd lab's lane (scripts/test.sh): in the engine's, the longest, it
+    was 1884 s of a 1924 s run (CI, stop 38)."""
+    session.run(*PYTEST, "tests/integration/operations", *session.posargs, external=True)
 
 
 @nox.session(python=False, tags=["full"])

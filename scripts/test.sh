@@ -38,7 +38,7 @@ declare -A LANE_SESSIONS=(
   [checks]="matrix sanity units lint lab-bare release"
   [engine]="integration"
   [fleet]="lab-single"
-  [etcd]="lab-etcd"
+  [etcd]="lab-etcd operations"
   [patroni]="lab-patroni modules"
 )
 # CPU priority by what a lane's timing bounds need (nice is inherited by
