@@ -141,3 +141,11 @@ def test_the_module_s_examples_run_as_written(ansible, fleet):
     run = ansible.playbook(str(playbook))
     assert run.returncode == 0, run.stdout + run.stderr
     assert sorted(fleet["ledger"].read_text().split()) == sorted(names)
+
+
+@pytest.mark.parametrize("lease_url", ["redis"], indirect=True)
+def test_a_long_job_runs_under_async(ansible, fleet):
+    """The module's note: a job longer than a connection may stay open runs under `async`."""
+    results, out = ansible.play_on_lockers([dict(task(fleet), **{"async": 60, "poll": 1})])
+    assert sorted(result["ran"] for result in results.values()) == [False, True], out
+    assert ran(fleet) == 1
