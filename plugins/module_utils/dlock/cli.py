@@ -28,7 +28,8 @@ lives: dlock run --job NAME --rerun SLOT --reason TEXT (see dlock run --help).
 RUN_EPILOG = """\
 exit codes:
   the job's own   the job ran (killed by signal N: 128+N)
-  72              skipped: paused (dlock pause; dlock status says why)
+  72              skipped: paused (dlock pause; dlock status says why),
+                  by the backend or by this node's mirror of the pauses
   73              skipped: another owner holds the lock
   74              skipped: this slot already ran elsewhere (--once-per);
                   with --rerun: the slot succeeded, nothing to rerun
