@@ -43,6 +43,15 @@ def main(mode, path, *rest):
         time.sleep(float(rest[0]))
         append(path, {"start": start, "end": time.time(), "fence": fence, "run_id": os.environ.get("DLOCK_RUN_ID"),
                       "pid": os.getpid()})
+    elif mode == "until":
+        # Ends once `path` holds a line, which a process started beside this
+        # one writes: a wait on that fact, bounded, never a guess of how long
+        # that process takes to start (exit 1 past the bound).
+        deadline = time.time() + float(rest[0])
+        while not (os.path.exists(path) and os.path.getsize(path) > 0):
+            if time.time() > deadline:
+                sys.exit(1)
+            time.sleep(0.01)
     elif mode == "beat":
         while True:
             append(path, {"t": time.time()})

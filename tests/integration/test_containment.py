@@ -107,8 +107,9 @@ def test_sigkill_of_the_runner_ends_the_whole_job(kind, script, containment, req
 @pytest.mark.parametrize("containment", CONTAINMENTS)
 def test_what_a_finished_job_left_behind_is_killed_and_reported(containment, unique_key, tmp_path):
     ledger = str(tmp_path / "ledger")
-    command = "(setsid {job} pidbeat {L} &); {job} interval {done} 0.3".format(
-        job=JOB, L=ledger, done=tmp_path / "done")
+    # The job ends once the process it left behind has written (CI: under
+    # load, a fixed 0.3 s once ended it before that process had started).
+    command = "(setsid {job} pidbeat {L} &); {job} until {L} 20".format(job=JOB, L=ledger)
     runner = start_dlock("run", "--job", "contain", "--backend", "file://%s" % (tmp_path / "locks"),
                          "--", "/bin/sh", "-c", command, env=_env(containment))
     stderr = runner.communicate(timeout=30)[1]
