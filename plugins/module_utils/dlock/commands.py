@@ -76,8 +76,10 @@ def _status_rows(settings, jobs):
         try:
             # One batch, not a round trip per lock (Backend.query_many).
             views = backend.query_many([key for _job, key, _groups in jobs])
-            pauses = _pauses_by_scope(backend, jobs)
-            mirrored = _mirrored_by_scope(settings, jobs)
+            # Each scope once, in order: a dict, not a list's linear search, for a node's 1000 jobs.
+            scopes = list(dict.fromkeys(scope for _job, key, groups in jobs for scope in pause_scopes(key, groups)))
+            pauses = _by_scope(backend.read_pauses(scopes))
+            mirrored = _by_scope(mirrored_pauses(settings.pauses_dir, scopes))
             for (job, key, groups), view in zip(jobs, views):
                 row = view.as_dict()
                 # The pause that refuses its grants: the first of its scopes that is paused,
@@ -99,18 +101,9 @@ def _status_rows(settings, jobs):
     return rows, info, failure
 
 
-def _pauses_by_scope(backend, jobs):
-    """{scope: Pause} of the live pauses of these jobs' scopes, in one read
-    (each scope once, in order: a dict, not a list's linear search, for a
-    node's 1000 jobs)."""
-    scopes = dict.fromkeys(scope for _job, key, groups in jobs for scope in pause_scopes(key, groups))
-    return dict((pause.scope, pause) for pause in backend.read_pauses(list(scopes)))
-
-
-def _mirrored_by_scope(settings, jobs):
-    """{scope: Pause} of the live pauses of these jobs' scopes in this node's mirror."""
-    scopes = dict.fromkeys(scope for _job, key, groups in jobs for scope in pause_scopes(key, groups))
-    return dict((pause.scope, pause) for pause in mirrored_pauses(settings.pauses_dir, list(scopes)))
+def _by_scope(pauses):
+    """{scope: Pause} of live pauses, the backend's or the node's mirror's."""
+    return dict((pause.scope, pause) for pause in pauses)
 
 
 def _pause_cell(row):

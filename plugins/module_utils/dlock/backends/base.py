@@ -349,6 +349,8 @@ class Backend(object):
         whatever the others did. dry_run: only say which would be. Returns
         ([(key, the holder broken, a LockView)], [(key, why it could not be)])."""
         drained, failed = [], []
+        if not keys:  # nothing in the scope: no read sent
+            return drained, failed
         for key, view in zip(keys, self.query_many(keys)):
             if view.owner is None:
                 continue
