@@ -217,9 +217,39 @@ def test_the_engine_works_under_the_role(pg_server, provisioned, unique_key):
             assert a.acquire(key, "owner-a", 5, None, scopes).status == "paused"
             assert [b.resume(scope).scope for scope in scopes] == list(scopes)
             assert a.acquire(key, "owner-a", 5, None, scopes).granted
+            # The history: entries, one once per slot, the trim, reading it.
+            for entry in ({"result": "success"}, {"result": "failed"}, {"result": "lock_lost"}):
+                assert b.add_history(key, entry, 2)
+            assert a.add_history(key, {"result": "skipped_paused"}, 2, "skipped_paused@1", 60)
+            assert not b.add_history(key, {"result": "skipped_paused"}, 2, "skipped_paused@1", 60)
+            assert [entry["result"] for entry in b.read_history(key, 5)] == ["skipped_paused", "lock_lost"]
         finally:
             a.close()
             b.close()
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgresql+advisory"])
+def test_a_database_provisioned_before_the_history_still_grants(pg_server, provisioned, pg_role_spec, unique_key,
+                                                                scheme):
+    """Provisioned before the history table: grants go on (the history is no
+    reason to refuse one), its writes fail naming the role that makes the
+    table, and the role makes it, with its grants, from then on kept."""
+    name, _first = provisioned
+    pg_server.sql("DROP TABLE IF EXISTS dlock_history", db=name)
+    url = "%s://%s@127.0.0.1:%d/%s" % (scheme, name, pg_server.port, name)
+    runner = open_backend(url, password=PASSWORD)
+    try:
+        assert runner.acquire(unique_key, "owner-a", 5, None, pause_scopes(unique_key)).granted
+        assert runner.release(unique_key, "owner-a", last={"result": "success"})
+        with pytest.raises(BackendError, match="the table dlock_history does not exist; the dlock_postgresql role makes it"):
+            runner.add_history(unique_key, {"result": "success"}, 5)
+        assert provision(pg_server, name, pg_role_spec)["changed"]
+        runner.close()
+        runner = open_backend(url, password=PASSWORD)
+        assert runner.add_history(unique_key, {"result": "success"}, 5)
+        assert runner.read_history(unique_key, 5) == [{"result": "success"}]
+    finally:
+        runner.close()
 
 
 PAUSE_GRANTS = ("SELECT", "INSERT", "UPDATE", "DELETE")

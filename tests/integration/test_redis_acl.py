@@ -72,6 +72,11 @@ def test_every_engine_call_passes_the_role_acl(acl_redis, unique_key):
     assert backend.acquire(key, "owner-a", 5, None, scopes).status == "paused"
     assert [backend.resume(scope).scope for scope in scopes] == list(scopes)
     assert backend.acquire(key, "owner-a", 5, None, scopes).granted
+    # The history: an entry, one once per slot, the trim, and reading it (dlock history).
+    assert backend.add_history(key, {"result": "success"}, 2)
+    assert backend.add_history(key, {"result": "skipped_paused"}, 2, "skipped_paused@1", 60)
+    assert not backend.add_history(key, {"result": "skipped_paused"}, 2, "skipped_paused@1", 60)
+    assert [entry["result"] for entry in backend.read_history(key, 5)] == ["skipped_paused", "success"]
     assert admin.execute_command("ACL", "LOG") == [], "the ACL refused a call the engine made"
 
 

@@ -272,6 +272,27 @@ def _add_run_now(sub, raw):
     _backend_flags(now_p)
 
 
+def _add_history(sub, raw):
+    history_p = sub.add_parser(
+        "history", help="the job's last runs on every node, as the backend keeps them",
+        usage="dlock history JOB [-n N] [--json] [options]",
+        description="Show the job's fleet-wide history, newest first: each run on any node (slot, fence, node, "
+                    "start, end, exit code, result) and each slot a pause or a run still going skipped, once per "
+                    "slot. The backend keeps the newest `history` entries of each job (a job option, default 50). "
+                    "Each runner writes its own entry after its run; an entry it could not write is counted on "
+                    "that node (dlock_history_writes_total{outcome=\"failed\"}) and its next entry says how many "
+                    "are missing before it.",
+        epilog="examples:\n"
+               "  dlock history nightly-report\n"
+               "  dlock history nightly-report -n 200 --json | jq '.[] | select(.result != \"success\")'",
+        formatter_class=raw)
+    history_p.add_argument("job", metavar="JOB", help="the job, by its name")
+    history_p.add_argument("-n", metavar="N", default="20",
+                           help="entries to show, newest first (default 20, at most 1000)")
+    history_p.add_argument("--json", action="store_true", help="JSON output: a list of the entries")
+    _backend_flags(history_p)
+
+
 def _run(values, command):
     # The job's guard and process start first, and get ready (the cgroup
     # move) while the runner loads its modules and takes the lock (child.py).
@@ -311,6 +332,7 @@ COMMANDS = {
     "run": _add_run,
     "run-now": _add_run_now,
     "status": _add_status,
+    "history": _add_history,
     "release": _add_release,
     "pause": _add_pause,
     "resume": _add_resume,

@@ -1,4 +1,4 @@
-"""`dlock status | release | pause | resume | check-clock | metrics`: the
+"""`dlock status | history | release | pause | resume | check-clock | metrics`: the
 commands other than `run`, imported only when one of them is used
 (cli.COMMANDS)."""
 
@@ -12,6 +12,7 @@ from . import clock, lockstate, report, validate
 from .backends import ALL_SCOPE, GROUP_SCOPE, group_scope, job_scope, open_backend, pause_scopes, scope_parts
 from .config import load_job_settings, load_settings
 from .errors import EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
+from .options import HISTORY_MAX
 from .owner import operator
 from .pause_files import mirror_pause, mirrored_pauses, unmirror_pause
 from .slots import BOUNDARY_FORMAT
@@ -176,6 +177,59 @@ def status(args, flags):
     sys.stdout.write("\n")
     _write_backend(info, sys.stdout)
     return outcome
+
+
+# A column of `dlock history` for what an entry says beside its result.
+def _history_note(entry):
+    notes = []
+    if entry.get("paused"):
+        notes.append("paused (%s): %s" % (entry["paused"], entry.get("pause_reason")))
+    if entry.get("holder"):
+        notes.append("held by %s" % entry["holder"])
+    if entry.get("manual_id"):
+        notes.append("run-now %s%s: %s" % (entry["manual_id"], " forced" if entry.get("forced") else "",
+                                           entry.get("manual_reason") or "-"))
+    if entry.get("rerun"):
+        notes.append("rerun: %s" % entry.get("rerun_reason"))
+    if entry.get("release") not in (None, "released"):
+        notes.append("release %s" % entry["release"])
+    if entry.get("unrecorded_before"):
+        notes.append("%d entries of this node missing before it" % entry["unrecorded_before"])
+    return "; ".join(notes) or "-"
+
+
+def _moment(seconds):
+    return "-" if not isinstance(seconds, (int, float)) else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
+
+
+def history(args, flags):
+    limit = validate.integer(args.n, "-n", 1, HISTORY_MAX)
+    settings = load_settings(flags, job=args.job, job_must_exist=True)
+    backend = _open(settings)
+    try:
+        entries = backend.read_history(settings.key, limit)
+    finally:
+        backend.close()
+    if args.json:
+        sys.stdout.write(json.dumps(entries, indent=2, sort_keys=True) + "\n")
+        return 0
+    if not entries:
+        sys.stdout.write("no history of %s (key %s) in the backend%s\n"
+                         % (settings.job, settings.key, "" if settings.options.history else
+                            ": the job's option history is 0"))
+        return 0
+    table = [("FINISHED (UTC)", "RESULT", "EXIT", "NODE", "FENCE", "RUN", "TOOK", "NOTE")]
+    for entry in entries:
+        took = entry.get("finished_at", 0) - entry.get("started_at", 0) if entry.get("started_at") else None
+        table.append((_moment(entry.get("finished_at")), str(entry.get("result")), str(entry.get("exit_code", "-")),
+                      str(entry.get("host", "-")), str(entry.get("fence") or "-"),
+                      str(entry.get("run_id") or entry.get("once") or "-"),
+                      "-" if not isinstance(took, (int, float)) else format_duration(max(0.0, round(took, 3))),
+                      _history_note(entry)))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for r in table:
+        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+    return 0
 
 
 def _write_backend(info, stream):

@@ -124,6 +124,16 @@ def _contention(raw, field):
     return validate.choice(raw, field, CONTENTION_MODES)
 
 
+# The fleet-wide history (backends/base.py): how many of a job's entries the
+# backend keeps; 0 keeps none (and writes none).
+HISTORY_DEFAULT = 50
+HISTORY_MAX = 1000
+
+
+def _history(raw, field):
+    return validate.integer(raw, field, 0, HISTORY_MAX)
+
+
 # Every lock option, the one list of them, in the order `dlock run --help`
 # shows their flags. Derived defaults keep short TTLs valid without extra
 # settings, on every backend (with the 2 x max_clock_skew of a wall-clock
@@ -154,6 +164,9 @@ LOCK_OPTIONS = (
     Option("fail_open", validate.boolean, False,
            {"action": "store_const", "const": True,
             "help": "run WITHOUT a lock when the backend or clock fails (loud; default: fail closed)"}),
+    Option("history", _history, HISTORY_DEFAULT,
+           {"metavar": "N", "help": "entries of the job's fleet-wide history the backend keeps "
+                                    "(default %d, at most %d; 0: none)" % (HISTORY_DEFAULT, HISTORY_MAX)}),
     # Merged over DEFAULT_EXIT_CODES; job files and `defaults` only.
     Option("exit_codes", check_exit_codes, None),
 )

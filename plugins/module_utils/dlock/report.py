@@ -32,6 +32,11 @@ METRICS = (
     ("dlock_releases_unconfirmed_total", "counter",
      "Releases of the job's lease on this node that the backend did not confirm, by outcome "
      "(uncertain: it may have happened; failed: it did not). The run's result stands; the lease expires by itself."),
+    ("dlock_history_writes_total", "counter",
+     "Entries of the job's fleet-wide history this node wrote, by outcome (already_recorded: another node "
+     "had written that slot's skip; failed: not written, the run unchanged)."),
+    ("dlock_history_unrecorded", "gauge",
+     "Entries of the job's history this node could not write since its last one that was written."),
     ("dlock_lock_wait_seconds", "gauge", "Time the last run waited for the lock."),
     ("dlock_last_run_timestamp_seconds", "gauge", "Unix time at which the last run ended."),
     ("dlock_last_run_duration_seconds", "gauge", "Wall time of the last run, lock handling included."),
@@ -53,8 +58,11 @@ RESULTS = ("success", "failed", "skipped_locked", "skipped_duplicate", "skipped_
 RELEASE_UNCONFIRMED = ("uncertain", "failed")
 # Each counter: its label and the values it counts, all of them written
 # from 0 on (a rate needs the series before its first increase).
+# The history's write (history.py), the log line's `history`.
+HISTORY_OUTCOMES = ("written", "already_recorded", "failed")
 COUNTERS = {"dlock_runs_total": ("result", RESULTS),
-            "dlock_releases_unconfirmed_total": ("outcome", RELEASE_UNCONFIRMED)}
+            "dlock_releases_unconfirmed_total": ("outcome", RELEASE_UNCONFIRMED),
+            "dlock_history_writes_total": ("outcome", HISTORY_OUTCOMES)}
 _COUNTER_LINE = re.compile(r'^(dlock_[a-z_]+_total)\{job="[^"]*",([a-z_]+)="([a-z_]+)"\} (\d+)$')
 METRICS_LOCK_SECONDS = 2.0
 
@@ -136,9 +144,15 @@ def _number(value):
     return repr(float(value))
 
 
-def write_metrics(directory, job, gauges, result=None, release=None):
-    """Update the job's file: count `result` (if given) and the release's
-    outcome `release` if the backend did not confirm it, and set the gauges given.
+def read_gauges(directory, job):
+    """The gauges of the job's metrics file ({} when there is none)."""
+    return _gauges(_read_previous(metrics_path(directory, job)))
+
+
+def write_metrics(directory, job, gauges, result=None, release=None, history=None):
+    """Update the job's file: count `result` (if given), the release's
+    outcome `release` if the backend did not confirm it and the history
+    write's outcome `history`, and set the gauges given.
 
     The directory's flock serialises two runners of one job on one node."""
     path = metrics_path(directory, job)
@@ -152,6 +166,12 @@ def write_metrics(directory, job, gauges, result=None, release=None):
             counts["dlock_runs_total"][result] = counts["dlock_runs_total"].get(result, 0) + 1
         if release in RELEASE_UNCONFIRMED:
             counts["dlock_releases_unconfirmed_total"][release] += 1
+        if history in HISTORY_OUTCOMES:
+            counts["dlock_history_writes_total"][history] += 1
+            # An entry written carries the count before it (unrecorded_before): it starts over.
+            unrecorded = int(previous.get("dlock_history_unrecorded", 0))
+            previous["dlock_history_unrecorded"] = unrecorded + 1 if history == "failed" else \
+                0 if history == "written" else unrecorded
         write_textfile(path, render(job, counts, previous))
     finally:
         os.close(dir_fd)

@@ -19,6 +19,7 @@ from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError, OutcomeU
 from .owner import hostname, new_owner
 from .pause_files import mirrored_pauses
 from .slots import MANUAL_MARKER_TTL, boundary, manual_slot_number, marker_ttl, run_id, slot_lead, slot_number
+from .history import RunHistory
 from .supervision import Supervisor
 from .validate import format_duration
 from .waiting import acquire as acquire_waiting
@@ -76,7 +77,8 @@ class RunReport(object):
             self.gauges["dlock_last_paused_timestamp_seconds"] = round(time.time(), 3)
         try:
             # The release's outcome is in the record by the run's end (none at the grant).
-            report.write_metrics(settings.metrics_dir, settings.job, self.gauges, result, self.record.get("release"))
+            report.write_metrics(settings.metrics_dir, settings.job, self.gauges, result, self.record.get("release"),
+                                 self.record.get("history"))
         except (IOError, OSError) as exc:
             report.log_line({"job": settings.job, "key": settings.key, "result": "metrics_error",
                              "error": "cannot write metrics in %s: %s" % (settings.metrics_dir, exc)},
@@ -93,6 +95,7 @@ class Runner(object):
         self.owner = new_owner()
         self.report = RunReport(settings, self.owner, stderr)
         self.record = self.report.record
+        self.history = RunHistory(settings, self.record)
         # `job`: the job's guard and process, started early (Child.prepare),
         # or None: the Supervisor starts them at the grant.
         self.supervisor = Supervisor(settings, self.report, job)
@@ -108,12 +111,12 @@ class Runner(object):
             # Before the backend is asked: the node's mirror refuses alone,
             # and so also while the backend is away (pause_files.py).
             code, result = self._paused(mirrored, "node")
+            self.history.write_mirrored_pause(result, code, self._slot(0.0), self._open_backend)
             self.report.finish(result, code, started, started_wall)
             return code
         try:
             try:
-                backend = open_backend(self.settings.backend_url, self.settings.password, self.options.op_timeout,
-                                       self.settings.ca_file, self.settings.fence_epoch)
+                backend = self._open_backend()
                 code, result = self._locked_run(backend)
             except (BackendError, ClockUnsafe) as exc:
                 self.record["error"] = str(exc)
@@ -127,14 +130,22 @@ class Runner(object):
         self.report.finish(result, code, started, started_wall)
         return code
 
+    def _open_backend(self):
+        settings = self.settings
+        return open_backend(settings.backend_url, settings.password, self.options.op_timeout, settings.ca_file,
+                            settings.fence_epoch)
+
     # -- the locked path ------------------------------------------------------
     def _locked_run(self, backend):
         offset = self._check_clock(backend)
         slot = self._slot(offset)
         grant, sent = self._acquire(backend, slot)
-        if not grant.granted:
-            return self._not_granted(grant, slot)
-        return self._granted_run(backend, grant.fence, slot, sent)
+        if grant.granted:
+            code, result = self._granted_run(backend, grant.fence, slot, sent)
+        else:
+            code, result = self._not_granted(grant, slot)
+        self.history.write(backend, result, code, slot)
+        return code, result
 
     def _check_clock(self, backend):
         """The backend's clock offset, refused past max_clock_skew (ClockUnsafe)."""

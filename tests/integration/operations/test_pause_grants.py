@@ -293,7 +293,7 @@ def test_a_file_grant_sent_while_a_pause_is_written_waits_and_sees_it(tmp_path, 
     """A pause holds _pause.lock exclusive while it writes (taken here, the
     file written by hand): a grant that has its key's flock waits for it,
     then reads the pause."""
-    monkeypatch.setattr(file_lock, "PAUSES_WAIT", 30.0)  # the test's own pace on a busy host
+    monkeypatch.setattr(file_lock, "DIR_LOCK_WAIT", 30.0)  # the test's own pace on a busy host
     runner, operator = FileBackend(str(tmp_path)), FileBackend(str(tmp_path))
     answers = []
     with operator._pauses_locked(fcntl.LOCK_EX):

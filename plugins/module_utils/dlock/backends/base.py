@@ -7,6 +7,7 @@ import time
 
 from .. import validate
 from ..errors import ConfigError, DlockError
+from ..options import HISTORY_MAX
 from ..slots import marker_succeeded, slot_number
 
 
@@ -250,6 +251,37 @@ def live_pause(path, scope, text, now=None):
     return pause if pause.until > (time.time() if now is None else now) else None
 
 
+# The fleet-wide history of a lock's runs (docs/runner.md, "History"): the
+# newest `keep` entries per key (the job option `history`), kept by the
+# backend, written by each runner after its run as one more operation, never
+# inside the grant: a history that cannot be written never fails or delays a
+# run. An entry is a JSON object (Runner._history_entry). An entry with a
+# `once` id (a slot's skip, "skipped_paused@29347") is written by the first
+# node only: the others find it there (on Redis, its marker, which lives
+# `once_ttl`: as long as the slot can still be asked for).
+
+
+def history_record(entry, once=None):
+    """The stored text of an entry: JSON, its `once` id inside it."""
+    if once is not None:
+        entry = dict(entry, once=once)
+    return json.dumps(entry, sort_keys=True)
+
+
+def history_entry(text):
+    """The entry a stored text holds; one that does not read is kept as such."""
+    try:
+        entry = json.loads(text)
+    except ValueError:
+        entry = None
+    return entry if isinstance(entry, dict) else {"result": "unreadable", "record": str(text)[:200]}
+
+
+def history_keep(keep):
+    """`keep` checked where every backend receives it: 1 to HISTORY_MAX."""
+    return validate.integer(keep, "history", 1, HISTORY_MAX)
+
+
 class Backend(object):
     """A lease store. Times are the backend's; ttl and durations in seconds.
 
@@ -308,6 +340,16 @@ class Backend(object):
         raise NotImplementedError
 
     def renew(self, key, owner, ttl):
+        raise NotImplementedError
+
+    def add_history(self, key, entry, keep, once=None, once_ttl=None):
+        """Add `entry` (a dict) to key's history and keep its newest `keep`
+        entries. With `once`, only when no entry of that id is there:
+        True when written, False when one was."""
+        raise NotImplementedError
+
+    def read_history(self, key, limit):
+        """The newest `limit` entries of key's history, newest first."""
         raise NotImplementedError
 
     def guard_fds(self, key):

@@ -5,6 +5,8 @@ role with a readwrite permission on the prefix P/ suffices):
   P/KEY/slot/N  once-per marker of slot N (slots.py: the owner, or the outcome), with its own lease
   P/KEY/last    JSON of the last finished run
   P/KEY/queue/OWNER  a waiter's ticket, attached to a lease of its own
+  P/KEY/history/run/OWNER, P/KEY/history/once/ID  an entry of the history
+                (base.history_record), in the order of their create_revision
   P/_pause/all, P/_pause/job/KEY, P/_pause/group/NAME  a pause (base.pause_scopes)
                 of every lock, of KEY's, of a group's: its record (base.Pause), attached to a lease of its own
                 whose TTL is the pause's length
@@ -36,6 +38,9 @@ class KeyNames(object):
 
     def queue(self, key):
         return self.base(key) + "queue/"
+
+    def history(self, key):
+        return self.base(key) + "history/"
 
     def marker(self, key, slot):
         return self.base(key) + "slot/%d" % slot.number

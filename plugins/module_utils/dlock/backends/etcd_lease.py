@@ -17,8 +17,8 @@ from ..options import BACKEND_MIN_TTL
 from ..safefile import require_regular
 from ..slots import outcome_marker
 from ..validate import backend_url
-from .base import Backend, Pause, lease_ms, pause_ms
-from .etcd_gateway import KV, Etcd3Client, EtcdGateway, answer_date, b64, first_kv
+from .base import Backend, Pause, history_entry, history_keep, history_record, lease_ms, pause_ms
+from .etcd_gateway import KV, Etcd3Client, EtcdGateway, answer_date, b64, first_kv, prefix_end
 from .etcd_grant import EtcdGrant, lock_view, overdue
 from .etcd_keys import KeyNames
 from .etcd_line import EtcdLine
@@ -111,6 +111,35 @@ class EtcdBackend(Backend):
         kvs = [first_kv(item) for item in answer.get("responses", [])]  # none: left out of the JSON
         pauses = [Pause.from_record(scope, kv.value) for scope, kv in zip(scopes, kvs) if kv is not None]
         return [pause for pause in pauses if not overdue(pause, answered)]
+
+    # -- the history: one key an entry (etcd_keys.py) ---------------------------
+    def add_history(self, key, entry, keep, once=None, once_ttl=None):
+        """A put (with once, only if no key of that id was ever made: a
+        transaction on its create_revision), then the oldest entries past
+        `keep` deleted: at most three requests, the last only when it is over."""
+        keep = history_keep(keep)
+        prefix = self.names.history(key)
+        name = prefix + ("once/%s" % once if once is not None else "run/%s" % entry.get("owner"))
+        put = {"request_put": {"key": b64(name), "value": b64(history_record(entry, once))}}
+        compare = [] if once is None else [{"key": b64(name), "target": "CREATE", "create_revision": "0"}]
+        if not self.gateway.txn(compare, [put], []).get("succeeded", False):
+            return False
+        span = {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
+        count = int(self.gateway.post("/kv/range", dict(span, count_only=True)).get("count", 0))
+        if count > keep:
+            oldest = self.gateway.post("/kv/range", dict(span, keys_only=True, sort_target="CREATE",
+                                                         sort_order="ASCEND", limit=count - keep)).get("kvs") or []
+            deletes = [{"request_delete_range": {"key": kv["key"]}} for kv in oldest]
+            for start in range(0, len(deletes), MAX_TXN_OPS):
+                self.gateway.txn([], deletes[start:start + MAX_TXN_OPS], [])
+        return True
+
+    def read_history(self, key, limit):
+        prefix = self.names.history(key)
+        kvs = self.gateway.post("/kv/range", {"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
+                                              "sort_target": "CREATE", "sort_order": "DESCEND",
+                                              "limit": limit}).get("kvs") or []
+        return [history_entry(KV(item).value) for item in kvs]
 
     def renew(self, key, owner, ttl):
         """Keep our lease alive, then check the key is still ours and on that

@@ -21,6 +21,10 @@ reads the pauses and writes its state, a pause exclusive while it writes.
 So a grant sees every pause written before it, and pause() returns only
 once every grant that did not see it is done.
 
+A key's history (base.history_record) is KEY.history, JSON lines, oldest
+first, replaced atomically under _history.lock's flock with its newest
+entries.
+
 The directory may be shared by the jobs of several users, so what lies in it
 is not trusted: a symbolic link or a FIFO at a lock or state file's name is
 refused with a BackendError (never followed, never waited on), and the state
@@ -40,12 +44,14 @@ import time
 from ..errors import BackendError, ConfigError
 from ..safefile import read_regular, replace_file
 from ..slots import marker_owner, outcome_marker
-from .base import Backend, Grant, LockView, Pause, live_pause, pause_ms, pause_path, rerun_refusal
+from .base import (Backend, Grant, LockView, Pause, history_entry, history_keep, history_record, live_pause, pause_ms,
+                   pause_path, rerun_refusal)
 
 POLL = 0.01
 MAX_FENCE = 2 ** 63 - 1
 PAUSES = "_pause"  # the name of the lock file that orders pauses and grants
-PAUSES_WAIT = 2.0
+HISTORY = "_history"  # the name of the lock file that orders the writes of the histories
+DIR_LOCK_WAIT = 2.0
 
 
 def _number_or_none(value):
@@ -126,33 +132,38 @@ class FileBackend(Backend):
         path = self._pause_path(scope)
         return live_pause(path, scope, self._read(path, "file: pause"))
 
-    @contextlib.contextmanager
     def _pauses_locked(self, operation):
-        """_pause.lock's flock (LOCK_SH: a grant, LOCK_EX: a pause) while the
-        block runs. Each holds it for one write; one that holds it longer (a
-        process stopped meanwhile) is waited for PAUSES_WAIT at most."""
-        fd = self._open_pauses_lock()
+        """_pause.lock's flock (LOCK_SH: a grant, LOCK_EX: a pause) while the block runs."""
+        return self._dir_locked(PAUSES, operation)
+
+    @contextlib.contextmanager
+    def _dir_locked(self, name, operation):
+        """The flock of the directory's lock file `name` (_pause, _history)
+        while the block runs. Each holder holds it for one write; one that
+        holds it longer (a process stopped meanwhile) is waited for
+        DIR_LOCK_WAIT at most."""
+        fd = self._open_shared_lock(name)
         try:
-            deadline = time.monotonic() + PAUSES_WAIT
+            deadline = time.monotonic() + DIR_LOCK_WAIT
             while True:
                 try:
                     fcntl.flock(fd, operation | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise BackendError("file: %s stayed locked for %gs (a pause or a grant stopped while "
-                                           "writing?)" % (self._path(PAUSES, ".lock"), PAUSES_WAIT))
+                        raise BackendError("file: %s stayed locked for %gs (a process stopped while "
+                                           "writing?)" % (self._path(name, ".lock"), DIR_LOCK_WAIT))
                     time.sleep(POLL)
                 except OSError as exc:
-                    raise BackendError("file: cannot lock %s (%s)" % (self._path(PAUSES, ".lock"), exc.strerror or exc))
+                    raise BackendError("file: cannot lock %s (%s)" % (self._path(name, ".lock"), exc.strerror or exc))
             yield
         finally:
             os.close(fd)
 
-    def _open_pauses_lock(self):
-        """_pause.lock, read-only: the jobs of every user of the directory take
+    def _open_shared_lock(self, name):
+        """NAME.lock, read-only: the jobs of every user of the directory take
         it, so it is made readable by all where its maker's umask made it private."""
-        fd = self._open_new(PAUSES, os.O_RDONLY)
+        fd = self._open_new(name, os.O_RDONLY)
         info = os.fstat(fd)
         if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & 0o444 != 0o444:
             try:
@@ -329,6 +340,31 @@ class FileBackend(Backend):
 
     def read_pauses(self, scopes):
         return [pause for pause in (self._read_pause(scope) for scope in scopes) if pause is not None]
+
+    def _history_path(self, key):
+        return self._path(key, ".history")
+
+    def _read_history(self, key):
+        """The entries' texts of KEY.history, oldest first (JSON lines)."""
+        text = self._read(self._history_path(key), "file: history")
+        return [line for line in (text or "").splitlines() if line.strip()]
+
+    def add_history(self, key, entry, keep, once=None, once_ttl=None):
+        keep = history_keep(keep)
+        with self._dir_locked(HISTORY, fcntl.LOCK_EX):
+            lines = self._read_history(key)
+            if once is not None and any(history_entry(line).get("once") == once for line in lines):
+                return False
+            lines = (lines + [history_record(entry, once)])[-keep:]
+            path = self._history_path(key)
+            try:
+                replace_file(path, "\n".join(lines) + "\n")
+            except (IOError, OSError) as exc:
+                raise BackendError("file: cannot write %s (%s)" % (path, exc.strerror or exc))
+        return True
+
+    def read_history(self, key, limit):
+        return [history_entry(line) for line in reversed(self._read_history(key)[-limit:])]
 
     def renew(self, key, owner, ttl):
         return key in self._fds and self._read_state(key).get("owner") == owner

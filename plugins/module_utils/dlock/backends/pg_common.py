@@ -11,7 +11,8 @@ import time
 from ..errors import BackendError, MissingDriver
 from ..slots import marker_owner, outcome_marker
 from ..validate import MAX_DURATION
-from .base import Backend, Grant, LockView, Pause, endpoint, grant_not_counted, lease_ms, pause_ms, rerun_refusal, scope_parts
+from .base import (Backend, Grant, LockView, Pause, endpoint, grant_not_counted, history_entry, history_keep,
+                   history_record, lease_ms, pause_ms, rerun_refusal, scope_parts)
 from .pg_session import CommitUnknown, PgSession
 
 try:
@@ -49,6 +50,14 @@ SCHEMA = (
         scope text PRIMARY KEY,
         record text NOT NULL,
         until timestamptz NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS dlock_history (
+        key text NOT NULL,
+        id bigint GENERATED ALWAYS AS IDENTITY,
+        once text,
+        entry text NOT NULL,
+        PRIMARY KEY (key, id),
+        UNIQUE (key, once)
     )""",
 )
 
@@ -104,7 +113,12 @@ SELECT """ + NOTIFY_FIRST + """
                                                AND (expires_at IS NULL OR expires_at > clock_timestamp()))
 """
 
+# The tables a grant needs: a runner fails closed until they are all there.
 TABLES = ("dlock_lease", "dlock_slot", "dlock_wait", "dlock_pause")
+# A table only the history needs: made where it is missing if this role may,
+# else its writes fail (counted, the runs unchanged) until the
+# dlock_postgresql role makes it. Never a reason to refuse a grant.
+HISTORY_TABLE = "dlock_history"
 
 # Columns added since the tables were first released: brought to tables made
 # by an earlier version, by the dlock_postgresql role (which owns them) or,
@@ -115,6 +129,21 @@ TABLES = ("dlock_lease", "dlock_slot", "dlock_wait", "dlock_pause")
 SCHEMA_UPGRADES = (
     """ALTER TABLE dlock_lease ADD COLUMN IF NOT EXISTS line_until timestamptz""",
 )
+
+# A key's history (base.history_record): one row per entry, in the order of
+# their ids (an identity: an INSERT needs no right on its sequence). One
+# statement adds the entry, unless an entry of its once id is there (NULL:
+# none, and NULLs never conflict), and drops what is older than the newest
+# `keep` counting it.
+ADD_HISTORY = """
+WITH added AS (INSERT INTO dlock_history (key, once, entry) VALUES (%(key)s, %(once)s, %(entry)s)
+               ON CONFLICT (key, once) DO NOTHING RETURNING id),
+     trimmed AS (DELETE FROM dlock_history
+                  WHERE key = %(key)s AND EXISTS (SELECT 1 FROM added)
+                    AND id <= (SELECT id FROM dlock_history WHERE key = %(key)s
+                                ORDER BY id DESC OFFSET %(older)s LIMIT 1))
+SELECT count(*) FROM added"""
+READ_HISTORY = "SELECT entry FROM dlock_history WHERE key = %(key)s ORDER BY id DESC LIMIT %(limit)s"
 
 # A pause (base.Pause) is its scope's row: the record the other backends
 # store too, and `until`, its end on the server's clock. A row whose until
@@ -355,9 +384,14 @@ def ensure_schema(conn, upgrade=False):
             if upgrade:
                 statements = SCHEMA_UPGRADES
             else:
-                cur.execute("SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest(%s::text[]) AS t",
-                            (list(TABLES),))
-                statements = () if cur.fetchone()[0] else SCHEMA + SCHEMA_UPGRADES
+                cur.execute("SELECT bool_and(to_regclass(t) IS NOT NULL), to_regclass(%s) IS NOT NULL "
+                            "FROM unnest(%s::text[]) AS t", (HISTORY_TABLE, list(TABLES)))
+                ready, history_ready = cur.fetchone()
+                if ready:
+                    if not history_ready:
+                        _make_history_table(conn)
+                    return
+                statements = SCHEMA + SCHEMA_UPGRADES
             for statement in statements:
                 try:
                     cur.execute(statement)
@@ -368,6 +402,17 @@ def ensure_schema(conn, upgrade=False):
         raise BackendError("postgresql: cannot %s the lease tables (%s); %s them with the dlock_postgresql role"
                            % ("bring up to date" if upgrade else "create", str(exc).strip(),
                               "upgrade" if upgrade else "create"))
+
+
+def _make_history_table(conn):
+    """The history's table, where this role may make it (in a savepoint: a
+    refusal leaves the transaction around it usable)."""
+    statement = next(statement for statement in SCHEMA if HISTORY_TABLE + " (" in statement)
+    try:
+        with conn.transaction():
+            conn.execute(statement)
+    except psycopg.Error:
+        pass  # no right to: the history's writes say the table is missing (PgBackend.add_history)
 
 
 class PgBackend(Backend):
@@ -546,6 +591,21 @@ class PgBackend(Backend):
     def read_pauses(self, scopes):
         rows = self.session.run(lambda conn: conn.execute(LIVE_PAUSES, {"scopes": list(scopes)}).fetchall())
         return [Pause.from_record(scope, record) for scope, record in rows]
+
+    def add_history(self, key, entry, keep, once=None, once_ttl=None):
+        params = {"key": key, "once": once, "entry": history_record(entry, once), "older": history_keep(keep) - 1}
+        # Not write=True: a commit not known to be replicated costs an entry, never a grant.
+        try:
+            return self.session.run(lambda conn: conn.execute(ADD_HISTORY, params).fetchone()[0]) == 1
+        except BackendError as exc:
+            if '"%s" does not exist' % HISTORY_TABLE in str(exc):
+                raise BackendError("postgresql: the table %s does not exist; the dlock_postgresql role makes it "
+                                   "(the runs go on without a history until then)" % HISTORY_TABLE)
+            raise
+
+    def read_history(self, key, limit):
+        rows = self.session.run(lambda conn: conn.execute(READ_HISTORY, {"key": key, "limit": limit}).fetchall())
+        return [history_entry(text) for text, in rows]
 
     @staticmethod
     def _release_row(conn, key, owner, min_hold, last, notify=True, slot=None):

@@ -8,6 +8,8 @@ tag keeps one lock's keys in one cluster slot):
   dlock:{KEY}:slot:N  once-per marker of slot N (slots.py: the owner, or the outcome)
   dlock:{KEY}:void:OWNER  a grant of OWNER undone before it ran (expires with its ttl)
   dlock:{KEY}:last    JSON of the last finished run
+  dlock:{KEY}:history the newest runs, newest first (a list of JSON, LTRIMmed)
+  dlock:{KEY}:once:ID an entry of id ID is in the history (base.history_record)
   dlock:{KEY}:queue   waiters in arrival order (sorted set: owner -> place number)
   dlock:{KEY}:tickets the same waiters' ticket expiries (sorted set: owner -> ms)
 Channel dlock:{KEY}:wake: on each release, and when a waiter leaves the line
@@ -25,7 +27,8 @@ import time
 from ..errors import AuthError, BackendError, MissingDriver, OutcomeUnknown
 from ..slots import DONE, SLOT_TRIES, marker_owner, outcome_marker
 from ..validate import MAX_DURATION
-from .base import Backend, Grant, LockView, Pause, endpoint, grant_not_counted, lease_ms, pause_ms, scope_parts
+from .base import (Backend, Grant, LockView, Pause, endpoint, grant_not_counted, history_entry, history_keep,
+                   history_record, lease_ms, pause_ms, scope_parts)
 
 try:
     import redis
@@ -237,6 +240,18 @@ return lease
 """
 
 
+# An entry to the history, and its trim, in one step; with a once id, only
+# when that id's marker could be set (it lives as long as the id can be sent).
+ADD_HISTORY = """
+if KEYS[2] and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then
+  return 0
+end
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+return 1
+"""
+
+
 def _keys(key):
     base = "dlock:{%s}:" % key
     return base + "lease", base + "fence", base + "last"
@@ -413,6 +428,18 @@ class RedisBackend(Backend):
             except NoAnswer:
                 if attempt == UNDO_TRIES - 1:
                     raise
+
+    def add_history(self, key, entry, keep, once=None, once_ttl=None):
+        base = "dlock:{%s}:" % key
+        keys, args = [base + "history"], [history_record(entry, once), history_keep(keep)]
+        if once is not None:
+            keys.append(base + "once:" + once)
+            args.append(lease_ms(once_ttl, "history once_ttl", 1.0, 1.5 * MAX_DURATION))
+        return self._script(ADD_HISTORY, keys, args) == 1
+
+    def read_history(self, key, limit):
+        texts = self._call(self.client.lrange, "dlock:{%s}:history" % key, 0, limit - 1)
+        return [history_entry(text) for text in texts]
 
     def renew(self, key, owner, ttl):
         return self._script(RENEW, [_keys(key)[0]], [owner, lease_ms(ttl)]) == 1
