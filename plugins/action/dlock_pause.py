@@ -34,15 +34,18 @@ IDENTITY = ("key", "group", "all", "state", "reason", "until", "drain")
 
 class ActionModule(BackendAction):
     def task(self, task_vars, hidden):
-        params = task_parameters(self, task_vars, hidden, argument_spec(), mutually_exclusive=MUTUALLY_EXCLUSIVE)[1]
+        args, params = task_parameters(self, task_vars, hidden, argument_spec(), mutually_exclusive=MUTUALLY_EXCLUSIVE)
         check_params(params)  # before any value is used or shown
         jobs = self._templar.template(task_vars[JOBS_VAR]) if JOBS_VAR in task_vars else None
         resolved = resolve_scope(params, jobs)
         pauses_dir = None
         if params["mirror"]:
-            pauses_dir = params.get("pauses_dir") or self._templar.template(
+            # The task's own value, as given: type=path would make a list its
+            # repr, and an empty one is not the variable's default.
+            pauses_dir = args["pauses_dir"] if args.get("pauses_dir") is not None else self._templar.template(
                 task_vars.get(PAUSES_DIR_VAR, DEFAULT_PAUSES_DIR))
             validate.path(pauses_dir, "pauses_dir (or %s)" % PAUSES_DIR_VAR)
+            self._check_mirror_dir(task_vars, pauses_dir)  # before the backend is asked
         check_mode, diff = bool(self._task.check_mode), bool(self._task.diff)
         result, made_here = once_per_task(self._task, dict((name, resolved.get(name)) for name in IDENTITY),
                                           lambda: run(resolved, check_mode, diff))
@@ -54,6 +57,19 @@ class ActionModule(BackendAction):
         if pauses_dir is not None:
             self._mirror(task_vars, mirror_entry(pauses_dir, result["scope"], result["paused"]), result)
         return result
+
+    def _check_mirror_dir(self, task_vars, pauses_dir):
+        """The host's mirror directory is one, or not there yet (the mirror
+        makes it): a FIFO or a file there would fail the mirror only once the
+        pause is made in the backend. stat opens nothing."""
+        field = "pauses_dir (or %s)" % PAUSES_DIR_VAR
+        found = self._execute_module(module_name="ansible.legacy.stat", task_vars=task_vars, module_args={
+            "path": pauses_dir, "follow": True, "get_checksum": False, "get_mime": False, "get_attributes": False})
+        if found.get("failed"):
+            raise ConfigError("%s: %s cannot be looked at on this host: %s"
+                              % (field, validate.shown(pauses_dir), found.get("msg")))
+        if found.get("stat", {}).get("exists") and not found["stat"].get("isdir"):
+            raise ConfigError("%s: %s is not a directory on this host" % (field, validate.shown(pauses_dir)))
 
     def _mirror(self, task_vars, entry, result):
         """Make this host's mirror match the backend's pause (`entry`, a

@@ -101,6 +101,8 @@ options:
     description:
       - The host's mirror directory; defaults to the host's C(dlock_runner_pauses_dir), else
         V(/var/lib/dlock/pauses), what the C(dlock_runner) role sets up and C(dlock run) reads.
+      - An absolute path, looked at on the host before the pause is made or ended; one that is there and is not
+        a directory (a file, a FIFO) fails the task with nothing written.
     type: path
 attributes:
   check_mode:

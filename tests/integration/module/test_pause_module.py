@@ -8,7 +8,10 @@ from __future__ import annotations
 import calendar
 import datetime
 import json
+import os
+import stat
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -182,6 +185,51 @@ def test_bad_values_are_refused_and_nothing_is_paused(on_redis, unique_key, args
     rc, result, out = ansible.module("dlock_pause", args, extra_vars=jobs_list(unique_key))
     assert rc != 0 and "FAILED!" in out and message in result["msg"], out
     assert engine.read_pauses([job_scope("k"), job_scope(unique_key), group_scope("ledger")]) == []
+
+
+# pauses_dir and mirror: refused before the backend is asked, so no pause is
+# left there without its mirror (nor a mirror file written). @FIFO@ and @FILE@
+# stand for a FIFO and a regular file of the test's own: a mirror directory
+# that is not one (stat on the host, which opens neither, says so).
+@pytest.mark.parametrize("args, message", [
+    ({"pauses_dir": "var/lib/dlock/pauses"}, "pauses_dir (or dlock_runner_pauses_dir): 'var/lib/dlock/pauses' must "
+                                             "be an absolute path"),
+    ({"pauses_dir": "/var/lib/dlock\npauses"}, "pauses_dir (or dlock_runner_pauses_dir): '/var/lib/dlock\\npauses' "
+                                               "holds a control character"),
+    ({"pauses_dir": ["/var/lib/dlock/pauses"]}, "pauses_dir (or dlock_runner_pauses_dir): ['/var/lib/dlock/pauses'] "
+                                                "must be a string"),
+    ({"pauses_dir": "@FIFO@"}, "pauses_dir (or dlock_runner_pauses_dir): '@FIFO@' is not a directory on this host"),
+    ({"pauses_dir": "@FILE@"}, "pauses_dir (or dlock_runner_pauses_dir): '@FILE@' is not a directory on this host"),
+    ({"pauses_dir": "@FILE@/pauses"}, "pauses_dir (or dlock_runner_pauses_dir): '@FILE@/pauses' cannot be looked "
+                                      "at on this host: Not a directory"),
+    ({"pauses_dir": ""}, "pauses_dir (or dlock_runner_pauses_dir): must not be empty"),
+    ({"mirror": "maybe"}, "argument 'mirror' is of type str and we were unable to convert to bool: "
+                          "The value 'maybe' is not a valid boolean"),
+    ({"mirror": ["true"]}, "argument 'mirror' is of type list and we were unable to convert to bool"),
+    ({"mirror": 2}, "argument 'mirror' is of type int and we were unable to convert to bool: The "
+                    "value '2' is not a valid boolean"),
+], ids=["pauses_dir relative", "pauses_dir newline", "pauses_dir list", "pauses_dir FIFO", "pauses_dir regular file",
+        "pauses_dir under a regular file", "pauses_dir empty", "mirror maybe", "mirror list", "mirror 2"])
+def test_bad_mirror_values_are_refused_and_nothing_is_written(on_redis, unique_key, args, message):
+    ansible, engine = on_redis
+    fifo, plain = ansible.dir / "not-a-dir.fifo", ansible.dir / "not-a-dir.txt"
+    if not fifo.exists():
+        os.mkfifo(str(fifo))
+        plain.write_text("a file, not a directory\n")
+
+    def placed(text):
+        return text.replace("@FIFO@", str(fifo)).replace("@FILE@", str(plain)) if isinstance(text, str) else text
+
+    args = dict((name, placed(value)) for name, value in dict(
+        {"key": unique_key, "reason": REASON, "until": "1h"}, **args).items())
+    message = placed(message)
+    rc, result, out = ansible.module("dlock_pause", args, extra_vars=jobs_list(unique_key))
+    assert rc != 0 and "FAILED!" in out and message in result["msg"], out
+    assert "Traceback" not in out, out
+    assert engine.read_pauses([job_scope(unique_key)]) == []
+    mirrors = [ansible.pauses / "localhost", ansible.dir / "var", Path.cwd() / "var"]
+    assert not any(path.exists() and any(path.rglob("*%s*" % unique_key)) for path in mirrors), out
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and plain.read_text() == "a file, not a directory\n"
 
 
 def test_a_jobs_list_of_the_wrong_shape_is_named(on_redis):
