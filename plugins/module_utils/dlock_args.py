@@ -45,6 +45,8 @@ def argument_spec():
         owner=dict(type="str"),
         hold=dict(type="bool", default=False),
         run_on=dict(type="str", default="controller", choices=["controller", "target"]),
+        # A count, checked by the engine's validation core (a bool or 1.5 is refused, not coerced).
+        history=dict(type="raw", default=0),
     )
 
 

@@ -22,7 +22,7 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock.config import re
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.safefile import require_regular
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import format_duration
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, ConfigError, MissingDriver
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import MIN_TTL, check_backend_ttl
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import HISTORY_MAX, MIN_TTL, check_backend_ttl
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.owner import new_owner
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.waiting import acquire as wait_in_line
 
@@ -101,6 +101,9 @@ class Request(BackendRequest):
             raise ConfigError("reason: say why the lock is broken (force=true needs a reason)")
         if params.get("hold") and self.state != "acquired":
             raise ConfigError("hold: only applies to state=acquired")
+        self.history = validate.integer(params.get("history", 0), "history", 0, HISTORY_MAX)
+        if self.history and self.state != "query":
+            raise ConfigError("history: only applies to state=query")
         self.owner = params.get("owner")
         if self.owner is not None:
             validate.text(self.owner, "owner", 200)
@@ -212,7 +215,11 @@ def _needs_lease(backend, what):
 # -- states -----------------------------------------------------------------------------
 def query(backend, request, check_mode, diff):
     holder = backend.query(request.key)
-    return _result(request, holder, False, describe(holder), diff=False)
+    if not request.history:
+        return _result(request, holder, False, describe(holder), diff=False)
+    # The fleet-wide history (`dlock history`), newest first.
+    return _result(request, holder, False, describe(holder), diff=False,
+                   history=backend.read_history(request.key, request.history))
 
 
 def acquire_waiting(backend, request, clock=None):

@@ -90,6 +90,13 @@ options:
     type: str
     choices: [controller, target]
     default: controller
+  history:
+    description:
+      - With O(state=query), also return the key's fleet-wide history (RV(history)), its newest this many entries,
+        newest first, as C(dlock history JOB) shows it. V(0) returns none. At most V(1000).
+    type: raw
+    default: 0
+    version_added: 0.3.0
 attributes:
   check_mode:
     support: full
@@ -121,6 +128,20 @@ EXAMPLES = r"""
     state: query
     backend_url: redis://127.0.0.1:6379/0
   register: lock
+
+- name: The last ten runs of nightly-report on every node, newest first
+  dlock.fleet.dlock:
+    key: nightly-report
+    state: query
+    history: 10
+  run_once: true
+  register: report_runs
+
+- name: Fail when one of them failed
+  ansible.builtin.assert:
+    that: report_runs.history | selectattr('result', 'equalto', 'failed') | list | length == 0
+    fail_msg: "{{ report_runs.history | selectattr('result', 'equalto', 'failed') | map(attribute='run_id') | list }}"
+  run_once: true
 
 - name: Break a stale lock, saying why
   dlock.fleet.dlock:
@@ -245,6 +266,25 @@ holder:
     age: 12.345
     ttl_remaining: 47.655
     last: null
+history:
+  description:
+    - With O(history), the key's fleet-wide history, newest first, as the node runners wrote it (C(dlock history)).
+    - Each entry has the run's C(result), C(exit_code), C(host), C(owner), C(fence), C(run_id), C(slot),
+      C(started_at) and C(finished_at) (Unix time), and where they apply its C(release), the pause that skipped
+      it (C(paused), C(pause_reason)), the holder that did (C(holder)), a run-now's C(manual_id) and
+      C(manual_reason), C(forced), and C(unrecorded_before) (that node's entries missing before this one).
+  returned: when O(history) is above 0
+  type: list
+  elements: dict
+  sample:
+    - result: success
+      exit_code: 0
+      host: node2
+      fence: 18
+      run_id: nightly-report@2026-11-29T02:00:00Z
+      slot: 20421
+      started_at: 1795917600.012
+      finished_at: 1795917605.131
 previous_holder:
   description: With O(force=true), the holder whose lock was broken (same fields as RV(holder)).
   returned: when O(force=true)

@@ -132,6 +132,23 @@ def test_examples_query_and_break_a_stale_lock(tmp_path, redis_url, engine):
     assert engine.query("nightly-report").owner is None
 
 
+def test_examples_the_last_runs_and_a_check_on_them(tmp_path, redis_url, engine):
+    """As written: the history query, and the assert that fails on a failed run, naming it."""
+    for result, run_id in (("success", "nightly-report@2026-11-28T02:00:00Z"),
+                           ("success", "nightly-report@2026-11-29T02:00:00Z")):
+        engine.add_history("nightly-report", {"result": result, "run_id": run_id, "host": "node1"}, 50)
+    runs = Runs(tmp_path, redis_url)
+    tasks = [TASKS["The last ten runs of nightly-report on every node, newest first"],
+             dump("report_runs", tmp_path / "runs.json"), TASKS["Fail when one of them failed"]]
+    playbook = runs.play(tasks)
+    ok(runs.run(playbook))
+    assert [entry["run_id"] for entry in read_json(tmp_path / "runs.json")["history"]] == [
+        "nightly-report@2026-11-29T02:00:00Z", "nightly-report@2026-11-28T02:00:00Z"]
+    engine.add_history("nightly-report", {"result": "failed", "run_id": "nightly-report@2026-11-30T02:00:00Z"}, 50)
+    failed = runs.run(playbook)
+    assert failed.returncode == 2 and "nightly-report@2026-11-30T02:00:00Z" in failed.stdout, failed.stdout
+
+
 def grant_attempts(server):
     """Lua calls the server has run: every grant attempt is one."""
     return server.client().info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)

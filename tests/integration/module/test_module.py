@@ -62,6 +62,17 @@ def test_adhoc_query_shows_holder_age_ttl_and_fence(ansible, engine, unique_key,
     assert result["msg"].startswith("%s is held by %s for " % (unique_key, OTHER))
 
 
+def test_query_returns_the_fleet_wide_history_newest_first(ansible, engine, unique_key, lease_url):
+    for result in ("success", "failed", "lock_lost"):
+        engine.add_history(unique_key, {"result": result, "host": "node1"}, 50)
+    rc, result, out = ansible.adhoc("key=%s state=query history=2 backend_url=%s" % (unique_key, lease_url))
+    assert rc == 0, out
+    assert result["changed"] is False
+    assert [entry["result"] for entry in result["history"]] == ["lock_lost", "failed"]
+    rc, result, out = ansible.adhoc("key=%s state=query backend_url=%s" % (unique_key, lease_url))
+    assert rc == 0 and "history" not in result, out
+
+
 def test_adhoc_force_release_says_whose_lock_it_broke(ansible, engine, unique_key):
     engine.acquire(unique_key, OTHER, HELD_TTL)
     rc, result, out = ansible.adhoc('key=%s state=released force=true reason="holder crashed"' % unique_key, "--diff")
