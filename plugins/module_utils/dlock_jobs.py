@@ -298,6 +298,32 @@ def schedule_period(expression):
     return float(min(gaps)) if gaps else None
 
 
+def schedule_every(expression):
+    """The gap, in seconds, of an OnCalendar expression that fires at equal
+    gaps (every day at the same times, or on every Nth day once), or None:
+    a schedule with unequal gaps (weekdays only, the days of a month), or one
+    that cannot be told from the expression (schedule_period's grammar). A
+    job whose once_per is this gap expects a run in every slot: the runner
+    counts a slot with none as missed (the job file's every_slot)."""
+    words = _schedule_words(expression)
+    if not words:
+        return None
+    dates = _firing_dates(words)
+    times = None if dates is None else _firing_times(words)
+    if times is None or dates[1] is not None:
+        return None
+    days = _firing_days(*dates)
+    day_gaps = set(later - earlier for earlier, later in zip(days, days[1:]))
+    if len(day_gaps) != 1:
+        return None
+    (every_days,) = day_gaps
+    if len(times) == 1:
+        return float(every_days * 86400)
+    gaps = set(later - earlier for earlier, later in zip(times, times[1:]))
+    gaps.add(86400 - (times[-1] - times[0]))  # from the day's last firing to the next day's first
+    return float(gaps.pop()) if every_days == 1 and len(gaps) == 1 else None
+
+
 def _firing_dates(words):
     """The weekdays and the (months, days) that the date words of an
     expression allow, taken off the front of `words`: (weekdays, None) when
@@ -384,6 +410,8 @@ def _present(job, where, defaults, timer_defaults, scheme):
     }
     _check_slot_window(job, where, lock_options, timer_defaults, entry["schedule"], scheme)
     _check_period(job, where, lock_options, entry["schedule"])
+    if lock_options.once_per is not None and schedule_every(entry["schedule"]) == lock_options.once_per:
+        content["every_slot"] = True  # a slot with no run is a missed one (the runner counts it: history.py)
     for name in ("randomized_delay", "accuracy"):
         if job.get(name) is not None:
             entry[name + "_sec"] = "%gs" % validate.duration(job[name], "%s: %s" % (where, name))

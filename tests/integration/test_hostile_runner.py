@@ -76,6 +76,8 @@ CASES = [
     ("history 1e308", "flag:--history", "1e308", "history: '1e308' must be a whole number"),
     ("history newline", "flag:--history", "5\n", "must be a whole number"),
     ("history float", "job:history", 2.5, "history: 2.5 must be a whole number"),
+    ("every_slot string", "job:every_slot", "yes", "every_slot: 'yes' must be true or false"),
+    ("every_slot list", "job:every_slot", [True], "every_slot: [True] must be true or false"),
     ("history list", "job:history", [50], "history: [50] must be a whole number"),
     ("history bool", "defaults:history", True, "history: True must be a whole number"),
     ("history 1e308 number", "defaults:history", 1e308, "must be a whole number"),

@@ -21,7 +21,7 @@ CREDENTIAL_NAME = "dlock-backend"  # systemd LoadCredential= name of the passwor
 GLOBAL_KEYS = ("backend", "password_file", "ca_file", "fence_epoch", "jobs_dir", "metrics_dir", "pauses_dir", "defaults")
 GLOBAL_PATHS = ("password_file", "ca_file", "jobs_dir", "metrics_dir", "pauses_dir")
 PATH_FLAGS = ("jobs_dir", "pauses_dir", "password_file", "ca_file", "metrics_dir")  # checked in the order --help lists them
-JOB_KEYS = ("command", "key", "groups", "environment", "working_directory", "description") + OPTION_NAMES
+JOB_KEYS = ("command", "key", "groups", "environment", "working_directory", "description", "every_slot") + OPTION_NAMES
 
 
 def validate_job_name(name):
@@ -76,6 +76,7 @@ class Settings(object):
         self.job = None
         self.key = None
         self.groups = []  # the job's groups: a pause of any of them pauses it (dlock pause --group)
+        self.every_slot = False  # the job's schedule fires in every once_per slot (history.py: missed slots)
         self.command = None
         self.environment = {}
         self.working_directory = None
@@ -152,6 +153,8 @@ def _load_job_fields(settings, flags, job_cfg, command=None, need_command=False,
     settings.key = _job_key(flags, job_cfg, settings.job, job_where)
     settings.groups = validate.groups(job_cfg.get("groups", []), "%s: groups" % job_where)
     settings.options = _lock_options(settings.defaults, job_cfg, flags, job_where, settings.scheme)
+    # Set by the dlock_jobs role when the job's schedule fires in every once_per slot (history.py: missed slots).
+    settings.every_slot = validate.boolean(job_cfg.get("every_slot", False), "%s: every_slot" % job_where)
     if "description" in job_cfg:
         validate.text(job_cfg["description"], "%s: description" % job_where, allow_empty=True)
     _load_rerun(settings, rerun, reason)

@@ -2,8 +2,9 @@
 
 The backend keeps the newest entries of each lock key (Backend.add_history;
 the job option `history`, 0: none). Each runner writes its own run's entry
-after the release, one more operation outside the grant, so that a history
-that cannot be written never fails, delays or changes a run: the failure is
+before the release (a later grant of the lock so finds it there), one more
+operation outside the grant, so that a history that cannot be written never
+fails or changes a run: the failure is
 in the log line (`history`, `history_error`), the metrics
 (dlock_history_writes_total{outcome="failed"}, dlock_history_unrecorded) and,
 with the node's next entry that is written, the history itself
@@ -15,7 +16,17 @@ What is recorded:
     and reason whichever nodes were refused (a `once` id): a job without
     once_per has no slot, and its skips, every other node's tick, are not;
   - not a slot found done (skipped_duplicate: the run that did it is the
-    entry), a refused rerun, nor a run that never reached the backend.
+    entry), a refused rerun, nor a run that never reached the backend;
+  - a missed slot (judge_missed): for a job whose schedule fires in every
+    once_per slot (the job file's every_slot, which the dlock_jobs role
+    sets), the run that is granted slot N first looks at the history: each
+    slot between the newest slot there and N has no entry, so no node ran
+    it, skipped it or was refused it by a pause: it is recorded as `missed`,
+    once (its id `missed@SLOT`), and counted (dlock_slots_missed_total). A
+    history with no slot before N (new, or every entry older than the
+    entries kept) judges nothing, and a fleet that is down as a whole is
+    seen only once it runs again: only a heartbeat from outside sees it
+    while it lasts.
 """
 
 import time
@@ -25,11 +36,22 @@ from .errors import DlockError
 from .slots import MANUAL_MARKER_TTL, run_id
 
 SKIPS_ONCE_PER_SLOT = ("skipped_paused", "skipped_locked")
+# The newest entries a run reads to find the slot before its own (each slot
+# has at most a run, two skips and a missed entry), and the most missed
+# slots it records (a longer gap is counted whole, its newest recorded).
+JUDGE_ENTRIES = 20
+MAX_MISSED_RECORDED = 100
 NOT_RECORDED = ("skipped_duplicate", "rerun_refused", "backend_error", "clock_unsafe")
 # The log line's fields an entry carries, when the run has them.
-ENTRY_FIELDS = ("host", "owner", "fence", "run_id", "slot", "exit_code", "result", "release", "holder", "paused",
+ENTRY_FIELDS = ("host", "owner", "fence", "run_id", "exit_code", "result", "holder", "paused",
                 "pause_reason", "pause_source", "rerun", "rerun_reason", "manual_id", "manual_reason", "forced",
                 "member")
+
+
+def entry_slot(entry):
+    """The schedule's slot an entry is of, or None (a run-now's, an unreadable one)."""
+    number = entry.get("slot")
+    return number if isinstance(number, int) and not isinstance(number, bool) else None
 
 
 def once_id(result, slot):
@@ -55,14 +77,7 @@ class RunHistory(object):
             if slot is None:
                 return
             once = once_id(result, slot)
-        entry = dict((name, self.record[name]) for name in ENTRY_FIELDS if self.record.get(name) is not None)
-        if once is not None:  # a skip: the slot it skipped, named as its run would have been
-            entry["run_id"] = run_id(self.settings.job, slot.number, slot.width, None, self.settings.manual)
-        entry.update(result=result, exit_code=code, started_at=round(self.started_at, 3),
-                     finished_at=round(time.time(), 3))
-        unrecorded = self._unrecorded()
-        if unrecorded:
-            entry["unrecorded_before"] = unrecorded
+        entry = self._entry(result, code, slot, once)
         once_ttl = None if slot is None else (MANUAL_MARKER_TTL if slot.width is None else slot.marker_ttl)
         try:
             written = backend.add_history(self.settings.key, entry, keep, once, once_ttl)
@@ -72,6 +87,51 @@ class RunHistory(object):
             self.record.update(history="failed", history_error="%s: %s" % (exc.__class__.__name__, exc))
         else:
             self.record["history"] = "written" if written else "already_recorded"
+
+    def _entry(self, result, code, slot, once):
+        entry = dict((name, self.record[name]) for name in ENTRY_FIELDS if self.record.get(name) is not None)
+        if slot is not None and slot.width is not None:
+            entry["slot"] = slot.number  # a schedule's slot (a run-now's is its id)
+        if once is not None:  # a skip: the slot it skipped, named as its run would have been
+            entry["run_id"] = run_id(self.settings.job, slot.number, slot.width, None, self.settings.manual)
+        entry.update(result=result, exit_code=code, started_at=round(self.started_at, 3),
+                     finished_at=round(time.time(), 3))
+        unrecorded = self._unrecorded()
+        if unrecorded:
+            entry["unrecorded_before"] = unrecorded
+        return entry
+
+    def judge_missed(self, backend, slot):
+        """Record the slots before `slot`, the one this run was granted,
+        that the history shows nothing of (module docstring), before this
+        run's own entry; their count in the log line (`slots_missed`) and
+        the metrics. A failure to read or write is the history's own, as
+        write's: the run is not changed by it."""
+        settings = self.settings
+        if not (settings.every_slot and settings.options.history and slot is not None and slot.width is not None
+                and not slot.rerun and settings.manual is None):
+            return
+        try:
+            entries = backend.read_history(settings.key, min(settings.options.history, JUDGE_ENTRIES))
+            before = [entry_slot(entry) for entry in entries]
+            before = [number for number in before if number is not None and number < slot.number]
+            if not before:
+                return
+            gap = list(range(max(before) + 1, slot.number))
+            recorded = 0
+            for number in gap[-MAX_MISSED_RECORDED:]:
+                entry = {"result": "missed", "slot": number, "host": self.record.get("host"),
+                         "run_id": run_id(settings.job, number, slot.width, None), "found_by": self.record.get("owner"),
+                         "finished_at": round(time.time(), 3)}
+                if backend.add_history(settings.key, entry, settings.options.history, "missed@%d" % number,
+                                       slot.marker_ttl):
+                    recorded += 1
+            missed = recorded + max(0, len(gap) - MAX_MISSED_RECORDED)
+        except DlockError as exc:
+            self.record.update(history="failed", history_error="finding missed slots: %s" % exc)
+            return
+        if missed:
+            self.record["slots_missed"] = missed
 
     def write_mirrored_pause(self, result, code, slot, open_backend):
         """A run the node's mirror refused never opened the backend: the

@@ -37,6 +37,9 @@ METRICS = (
      "had written that slot's skip; failed: not written, the run unchanged)."),
     ("dlock_history_unrecorded", "gauge",
      "Entries of the job's history this node could not write since its last one that was written."),
+    ("dlock_slots_missed_total", "counter",
+     "Slots of the job's schedule that elapsed with no run, no skip and no pause recorded in the fleet-wide "
+     "history, found by this node's runs (each slot is counted by one node: sum over the nodes)."),
     ("dlock_lock_wait_seconds", "gauge", "Time the last run waited for the lock."),
     ("dlock_last_run_timestamp_seconds", "gauge", "Unix time at which the last run ended."),
     ("dlock_last_run_duration_seconds", "gauge", "Wall time of the last run, lock handling included."),
@@ -57,13 +60,15 @@ RESULTS = ("success", "failed", "skipped_locked", "skipped_duplicate", "skipped_
 # or one the backend did not confirm, which is counted.
 RELEASE_UNCONFIRMED = ("uncertain", "failed")
 # Each counter: its label and the values it counts, all of them written
-# from 0 on (a rate needs the series before its first increase).
+# from 0 on (a rate needs the series before its first increase); a label of
+# None: the counter has the job's label only.
 # The history's write (history.py), the log line's `history`.
 HISTORY_OUTCOMES = ("written", "already_recorded", "failed")
 COUNTERS = {"dlock_runs_total": ("result", RESULTS),
             "dlock_releases_unconfirmed_total": ("outcome", RELEASE_UNCONFIRMED),
-            "dlock_history_writes_total": ("outcome", HISTORY_OUTCOMES)}
-_COUNTER_LINE = re.compile(r'^(dlock_[a-z_]+_total)\{job="[^"]*",([a-z_]+)="([a-z_]+)"\} (\d+)$')
+            "dlock_history_writes_total": ("outcome", HISTORY_OUTCOMES),
+            "dlock_slots_missed_total": (None, (None,))}
+_COUNTER_LINE = re.compile(r'^(dlock_[a-z_]+_total)\{job="[^"]*"(?:,([a-z_]+)="([a-z_]+)")?\} (\d+)$')
 METRICS_LOCK_SECONDS = 2.0
 
 
@@ -96,7 +101,7 @@ def _counters(text):
     counts = dict((name, dict((value, 0) for value in values)) for name, (_label, values) in COUNTERS.items())
     for line in text.splitlines():
         match = _COUNTER_LINE.match(line.strip())
-        if match and COUNTERS.get(match.group(1), (None,))[0] == match.group(2):
+        if match and match.group(1) in COUNTERS and COUNTERS[match.group(1)][0] == match.group(2):
             counts[match.group(1)][match.group(3)] = int(match.group(4))
     return counts
 
@@ -122,7 +127,8 @@ def render(job, counts, gauges):
     for name, kind, help_text in METRICS:
         if name in COUNTERS:
             label = COUNTERS[name][0]
-            samples = [(dict(labels, **{label: value}), counts[name][value]) for value in sorted(counts[name])]
+            samples = [(dict(labels, **{label: value}) if label else labels, counts[name][value])
+                       for value in sorted(counts[name], key=str)]
         elif gauges.get(name) is not None:
             samples = [(labels, gauges[name])]
         else:
@@ -149,10 +155,11 @@ def read_gauges(directory, job):
     return _gauges(_read_previous(metrics_path(directory, job)))
 
 
-def write_metrics(directory, job, gauges, result=None, release=None, history=None):
+def write_metrics(directory, job, gauges, result=None, release=None, history=None, missed=0):
     """Update the job's file: count `result` (if given), the release's
-    outcome `release` if the backend did not confirm it and the history
-    write's outcome `history`, and set the gauges given.
+    outcome `release` if the backend did not confirm it, the history
+    write's outcome `history` and the `missed` slots the run found, and set
+    the gauges given.
 
     The directory's flock serialises two runners of one job on one node."""
     path = metrics_path(directory, job)
@@ -166,6 +173,7 @@ def write_metrics(directory, job, gauges, result=None, release=None, history=Non
             counts["dlock_runs_total"][result] = counts["dlock_runs_total"].get(result, 0) + 1
         if release in RELEASE_UNCONFIRMED:
             counts["dlock_releases_unconfirmed_total"][release] += 1
+        counts["dlock_slots_missed_total"][None] += missed
         if history in HISTORY_OUTCOMES:
             counts["dlock_history_writes_total"][history] += 1
             # An entry written carries the count before it (unrecorded_before): it starts over.

@@ -78,7 +78,7 @@ class RunReport(object):
         try:
             # The release's outcome is in the record by the run's end (none at the grant).
             report.write_metrics(settings.metrics_dir, settings.job, self.gauges, result, self.record.get("release"),
-                                 self.record.get("history"))
+                                 self.record.get("history"), self.record.get("slots_missed", 0))
         except (IOError, OSError) as exc:
             report.log_line({"job": settings.job, "key": settings.key, "result": "metrics_error",
                              "error": "cannot write metrics in %s: %s" % (settings.metrics_dir, exc)},
@@ -141,9 +141,8 @@ class Runner(object):
         slot = self._slot(offset)
         grant, sent = self._acquire(backend, slot)
         if grant.granted:
-            code, result = self._granted_run(backend, grant.fence, slot, sent)
-        else:
-            code, result = self._not_granted(grant, slot)
+            return self._granted_run(backend, grant.fence, slot, sent)
+        code, result = self._not_granted(grant, slot)
         self.history.write(backend, result, code, slot)
         return code, result
 
@@ -229,6 +228,10 @@ class Runner(object):
             self.record["error"] = "after the grant: %s" % (exc or exc.__class__.__name__)
             self._release(backend, "failed", None, slot)
             raise
+        # Before the release: the next grant of the lock finds this run in
+        # the history (the missed slots a run judges: history.py).
+        self.history.judge_missed(backend, slot)
+        self.history.write(backend, result, code, slot)
         self._release(backend, result, code, slot)
         return code, result
 

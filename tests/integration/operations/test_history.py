@@ -8,6 +8,7 @@ next entry says so. On every backend."""
 import json
 import os
 import sys
+import time
 
 import pytest
 from runner_proc import last_log, run_dlock
@@ -75,7 +76,7 @@ def test_every_run_is_in_the_history_newest_first(node):
 
 def test_the_backend_keeps_the_newest_entries_only(node):
     node.write_job(history=3)
-    fences = [node.run()[1]["fence"] for _ in range(5)]
+    fences = [node.run()[1]["fence"] for _run in range(5)]
     assert [entry["fence"] for entry in node.entries()] == fences[:1:-1]
     assert [entry["fence"] for entry in node.entries(limit=2)] == fences[:2:-1]
 
@@ -95,7 +96,7 @@ def test_a_paused_slot_is_recorded_once_whichever_nodes_are_refused(node, tmp_pa
     done = run_dlock("pause", "--job", "billing", "--reason", REASON, "--until", "10m", *node.flags())
     assert done.returncode == 0, done.stderr
     outcomes = []
-    for _ in range(3):
+    for _node in range(3):
         code, log = node.run()
         assert code == 72 and log["pause_source"] == "node"
         outcomes.append(log["history"])
@@ -141,7 +142,7 @@ def test_a_history_that_cannot_be_written_changes_nothing_of_the_run_and_is_coun
 
 def test_once_is_decided_by_the_backend_between_two_clients(node):
     """The backend's own step: of two clients writing one once id, one writes."""
-    first, second = (open_backend(node.url) for _ in range(2))
+    first, second = (open_backend(node.url) for _client in range(2))
     try:
         answers = [first.add_history(node.key, {"result": "skipped_locked"}, 5, "skipped_locked@7", 60),
                    second.add_history(node.key, {"result": "skipped_locked"}, 5, "skipped_locked@7", 60),
@@ -172,3 +173,60 @@ def test_an_unknown_job_is_refused(tmp_path, unique_key):
     node = Node("file://%s" % (tmp_path / "locks"), unique_key, tmp_path)
     done = run_dlock("history", "no-such-job", *node.flags())
     assert done.returncode == 78 and "no-such-job" in done.stderr
+
+
+# -- missed slots (history.RunHistory.judge_missed) -------------------------------------------
+def today():
+    """The slot of a once_per 1d job now (its lead, max_clock_skew, is 2s: a
+    run within 2s of midnight UTC may claim tomorrow's; the tests write the
+    history around the slot the run logs)."""
+    return int(time.time() + 2) // 86400
+
+
+def seed(node, *entries, key=None):
+    backend = open_backend(node.url)
+    try:
+        for entry, once in entries:
+            assert backend.add_history(key or node.key, entry, 50, once, 60)
+    finally:
+        backend.close()
+
+
+def missed(node):
+    return sorted(entry["slot"] for entry in node.entries() if entry["result"] == "missed")
+
+
+def test_slots_between_the_newest_in_the_history_and_the_run_s_are_missed_once(node, tmp_path):
+    node.write_job(once_per="1d", every_slot=True)
+    slot = today()
+    seed(node, ({"result": "success", "slot": slot - 4}, None))
+    code, log = node.run()
+    assert code == 0 and log["slot"] == slot and log["slots_missed"] == 3
+    assert missed(node) == [slot - 3, slot - 2, slot - 1]
+    assert [entry["result"] for entry in node.entries()][:4] == ["success", "missed", "missed", "missed"]
+    assert report._counters((tmp_path / "metrics" / "dlock_billing.prom").read_text())[
+        "dlock_slots_missed_total"][None] == 3
+    # Another node's run in the slot is a duplicate: it judges nothing, and nothing is counted twice.
+    code, log = node.run()
+    assert code == 74 and "slots_missed" not in log and missed(node) == [slot - 3, slot - 2, slot - 1]
+
+
+def test_a_skipped_slot_is_not_missed_and_a_new_history_judges_nothing(node):
+    node.write_job(once_per="1d", every_slot=True)
+    slot = today()
+    code, log = node.run()  # nothing in the history before it: nothing to judge from
+    assert code == 0 and "slots_missed" not in log
+    node.write_job(once_per="1d", every_slot=True, key=node.key + "-b")  # a job of its own: its slot not run
+    seed(node, ({"result": "success", "slot": slot - 3}, None),
+         ({"result": "skipped_paused", "slot": slot - 2}, "skipped_paused@%d" % (slot - 2)),
+         ({"result": "skipped_locked", "slot": slot - 1}, "skipped_locked@%d" % (slot - 1)), key=node.key + "-b")
+    code, log = node.run()
+    assert code == 0 and "slots_missed" not in log
+
+
+def test_a_job_whose_schedule_skips_slots_counts_none_missed(node):
+    """Without every_slot (a schedule with unequal gaps, once_per below its period)."""
+    node.write_job(once_per="1d")
+    seed(node, ({"result": "success", "slot": today() - 4}, None))
+    code, log = node.run()
+    assert code == 0 and "slots_missed" not in log and missed(node) == []

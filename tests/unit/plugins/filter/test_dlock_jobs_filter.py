@@ -2,7 +2,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import dlock_jobs
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import schedule_period
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import schedule_every, schedule_period
 
 GOOD = {"name": "report", "command": ["/usr/bin/report"], "schedule": "hourly", "ttl": "2m", "once_per": "1h"}
 
@@ -10,7 +10,18 @@ GOOD = {"name": "report", "command": ["/usr/bin/report"], "schedule": "hourly", 
 def test_good_job_gets_its_file_content():
     [job] = dlock_jobs([GOOD])
     assert job["state"] == "present"
-    assert job["file"] == {"command": ["/usr/bin/report"], "environment": {}, "ttl": "2m", "once_per": "1h"}
+    # hourly, once_per 1h: a run is expected in every slot (a slot without one is missed).
+    assert job["file"] == {"command": ["/usr/bin/report"], "environment": {}, "ttl": "2m", "once_per": "1h",
+                           "every_slot": True}
+
+
+@pytest.mark.parametrize("schedule, once_per, every_slot", [
+    ("hourly", "1h", True), ("*:0/5", "5m", True), ("*:0/10", "5m", None), ("Mon..Fri 02:00", "1d", None),
+    ("weekly", "7d", True), ("*:0/20 UTC", "20m", True), ("*:0/7", "4m", None),
+])
+def test_every_slot_is_set_where_the_schedule_fires_once_in_every_slot(schedule, once_per, every_slot):
+    [job] = dlock_jobs([dict(GOOD, schedule=schedule, once_per=once_per, ttl="1m")])
+    assert job["file"].get("every_slot") is every_slot
 
 
 def test_shell_string_becomes_sh_c():
@@ -193,3 +204,14 @@ DAY = 86400.0
 ])
 def test_the_period_of_a_schedule(expression, period):
     assert schedule_period(expression) == period
+
+
+@pytest.mark.parametrize("expression, every", [
+    ("hourly", 3600.0), ("daily", 86400.0), ("weekly", 7 * 86400.0), ("minutely", 60.0), ("*:0/5", 300.0),
+    ("*-*-* 00/6:00:00", 6 * 3600.0), ("*:0/20 Europe/Berlin", 1200.0), ("Mon *-*-* 03:00", 7 * 86400.0),
+    # Unequal gaps: weekdays only, the days of a month, a step that does not divide the hour or day.
+    ("Mon..Fri 02:00", None), ("monthly", None), ("*-*-01 00:00", None), ("*:0/7", None), ("*:00,10,30", None),
+    ("Mon,Wed 01:00", None), ("Mon 01,13:00", None), ("", None), ("every tuesday-ish", None),
+])
+def test_the_equal_gap_of_a_schedule(expression, every):
+    assert schedule_every(expression) == every
