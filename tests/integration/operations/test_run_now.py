@@ -104,12 +104,18 @@ def test_a_pause_refuses_it_unless_forced_with_a_reason(node):
         run_dlock("resume", "--key", node.key, *node.flags())
 
 
-def test_it_leaves_the_schedule_s_slot_to_the_schedule(request, tmp_path, unique_key):
-    node = Node(url_of(request, "redis", tmp_path), unique_key, tmp_path, once_per="1h")
+def test_it_leaves_the_schedule_s_slot_to_the_schedule(node):
+    """Before and after the schedule's run of its slot: that slot runs once
+    (file:// judged a slot done by the last slot granted alone, and so ran
+    the schedule's slot again after a run-now's)."""
+    node.write_job(once_per="1h")
     assert node.run_now("--id", "x")[0] == 0
     done = run_dlock("run", "--job", "billing", *node.flags())
     assert (done.returncode, last_log(done.stderr)["result"]) == (0, "success"), done.stderr
-    assert node.ran() == 2
+    assert node.run_now("--id", "y")[0] == 0
+    done = run_dlock("run", "--job", "billing", *node.flags())
+    assert (done.returncode, last_log(done.stderr)["result"]) == (74, "skipped_duplicate"), done.stderr
+    assert node.ran() == 3
 
 
 @pytest.mark.parametrize("value, message", [

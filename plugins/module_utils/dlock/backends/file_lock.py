@@ -291,9 +291,12 @@ class FileBackend(Backend):
                 return Grant(refusal, holder=LockView(key, owner=marker_owner(_marker(state, slot)[0])))
             if refusal is not None:
                 return Grant(refusal, holder=self._holder(key, state, held=False) if refusal == "locked" else None)
-        elif (state.get("hold_until") or 0) > time.time() or (slot is not None and state.get("slot") == slot.number):
-            status = "duplicate" if slot is not None and state.get("slot") == slot.number else "locked"
-            return Grant(status, holder=self._holder(key, state, held=False))
+        elif slot is not None and (_marker(state, slot) is not None or state.get("slot") == slot.number):
+            # Any live marker of the slot, not only the last slot granted:
+            # a run-now's or a catch-up's slot is granted after the schedule's.
+            return Grant("duplicate", holder=self._holder(key, state, held=False))
+        elif (state.get("hold_until") or 0) > time.time():
+            return Grant("locked", holder=self._holder(key, state, held=False))
         state.update(owner=owner, fence=state.get("fence", 0) + 1, acquired_at=time.time(), hold_until=None)
         if slot is not None and slot.rerun:
             _marker(state, slot)[0] = owner  # its expiry kept
