@@ -412,6 +412,11 @@ def _present(job, where, defaults, timer_defaults, scheme):
     _check_period(job, where, lock_options, entry["schedule"])
     if lock_options.once_per is not None and schedule_every(entry["schedule"]) == lock_options.once_per:
         content["every_slot"] = True  # a slot with no run is a missed one (the runner counts it: history.py)
+    if lock_options.catches_up and not content.get("every_slot"):
+        raise ConfigError("%s: catch_up: policy %s needs a schedule that fires in every once_per slot (%s does not "
+                          "with once_per %s, or cannot be told from the expression): it would run slots that were "
+                          "never due" % (where, lock_options.catch_up["policy"], validate.shown(entry["schedule"]),
+                                         validate.format_duration(lock_options.once_per)))
     for name in ("randomized_delay", "accuracy"):
         if job.get(name) is not None:
             entry[name + "_sec"] = "%gs" % validate.duration(job[name], "%s: %s" % (where, name))

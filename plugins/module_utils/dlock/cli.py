@@ -248,9 +248,16 @@ def _add_metrics(sub, raw):
     _backend_flags(metrics_p)
 
 
+def _job_parser(sub, raw, name, **texts):
+    """The parser of a command that names one job first (run-now, history, backfill)."""
+    parser = sub.add_parser(name, formatter_class=raw, **texts)
+    parser.add_argument("job", metavar="JOB", help="the job, by its name")
+    return parser
+
+
 def _add_run_now(sub, raw):
-    now_p = sub.add_parser(
-        "run-now", help="run a job once now, on whichever node asks first",
+    now_p = _job_parser(
+        sub, raw, "run-now", help="run a job once now, on whichever node asks first",
         usage="dlock run-now JOB [--id ID] [--reason TEXT] [--force] [options]",
         description="Run the job once now, under its lock, in the foreground, as `dlock run` would, in a slot of its "
                     "own named by --id: sent again with the same id, from this node or any other, it does not run "
@@ -260,9 +267,7 @@ def _add_run_now(sub, raw):
         epilog="examples:\n"
                "  dlock run-now nightly-report --reason 'INC-4211: rebuild the report'\n"
                "  dlock run-now nightly-report --id INC-4211    # from every node at once: it runs once\n"
-               "  dlock run-now billing --force --reason 'CHG-118: test the migration while paused'",
-        formatter_class=raw)
-    now_p.add_argument("job", metavar="JOB", help="the job, by its name")
+               "  dlock run-now billing --force --reason 'CHG-118: test the migration while paused'")
     now_p.add_argument("--id", metavar="ID",
                        help="what makes it run once, however often and from wherever it is sent (default: a new "
                             "one, printed; 1-100 letters, digits and _ . : @ -)")
@@ -273,8 +278,8 @@ def _add_run_now(sub, raw):
 
 
 def _add_history(sub, raw):
-    history_p = sub.add_parser(
-        "history", help="the job's last runs on every node, as the backend keeps them",
+    history_p = _job_parser(
+        sub, raw, "history", help="the job's last runs on every node, as the backend keeps them",
         usage="dlock history JOB [-n N] [--json] [options]",
         description="Show the job's fleet-wide history, newest first: each run on any node (slot, fence, node, "
                     "start, end, exit code, result) and each slot a pause or a run still going skipped, once per "
@@ -284,13 +289,32 @@ def _add_history(sub, raw):
                     "are missing before it.",
         epilog="examples:\n"
                "  dlock history nightly-report\n"
-               "  dlock history nightly-report -n 200 --json | jq '.[] | select(.result != \"success\")'",
-        formatter_class=raw)
-    history_p.add_argument("job", metavar="JOB", help="the job, by its name")
+               "  dlock history nightly-report -n 200 --json | jq '.[] | select(.result != \"success\")'")
     history_p.add_argument("-n", metavar="N", default="20",
                            help="entries to show, newest first (default 20, at most 1000)")
     history_p.add_argument("--json", action="store_true", help="JSON output: a list of the entries")
     _backend_flags(history_p)
+
+
+def _add_backfill(sub, raw):
+    backfill_p = _job_parser(
+        sub, raw, "backfill", help="run a job's past slots that never ran, once each, across the fleet",
+        usage="dlock backfill JOB --from TIME --to TIME [--reason TEXT] [options]",
+        description="Run each slot of the job whose boundary is from --from to --to (UTC, both included, before "
+                    "the current slot), oldest first, in the foreground, as a catch-up runs one: each a run of its "
+                    "own under the lock, whose grant claims the slot's marker (refused, 74, while a marker says it "
+                    "ran or is being run; kept 7 days). A slot the fleet-wide history shows a success of is left "
+                    "alone. Sent again, or from another node, it runs nothing twice: it resumes where it stopped. "
+                    "The job needs once_per and a schedule that fires in every slot (every_slot); at most 1000 "
+                    "slots at once.",
+        epilog="example:\n"
+               "  dlock backfill settle-ledger --from 2026-11-27T00:00:00Z --to 2026-11-27T23:00:00Z "
+               "--reason 'INC-4211: ledger outage'")
+    backfill_p.add_argument("--from", dest="first", metavar="TIME", required=True,
+                            help="the first slot's boundary, e.g. 2026-11-27T00:00:00Z")
+    backfill_p.add_argument("--to", dest="last", metavar="TIME", required=True, help="the last slot's boundary")
+    backfill_p.add_argument("--reason", metavar="TEXT", help="why (logged with each run)")
+    _backend_flags(backfill_p)
 
 
 def _run(values, command):
@@ -331,6 +355,7 @@ def _manual_id(values):
 COMMANDS = {
     "run": _add_run,
     "run-now": _add_run_now,
+    "backfill": _add_backfill,
     "status": _add_status,
     "history": _add_history,
     "release": _add_release,

@@ -1,4 +1,4 @@
-"""`dlock status | history | release | pause | resume | check-clock | metrics`: the
+"""`dlock status | history | backfill | release | pause | resume | check-clock | metrics`: the
 commands other than `run`, imported only when one of them is used
 (cli.COMMANDS)."""
 
@@ -230,6 +230,36 @@ def history(args, flags):
     for r in table:
         sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
     return 0
+
+
+MAX_BACKFILL_SLOTS = 1000
+
+
+def backfill(args, flags):
+    """`dlock backfill JOB --from --to`: runner.backfill over the slots named."""
+    from .runner import backfill as run_slots
+    settings = load_settings(flags, job=args.job, need_command=True, job_must_exist=True)
+    if args.reason is not None:
+        settings.reason = validate.reason(args.reason)
+    first, last = validate.moment(args.first, "--from"), validate.moment(args.last, "--to")
+    width = settings.options.once_per
+    if width is None or not settings.every_slot:
+        raise ConfigError("backfill: %s needs once_per and a schedule that fires in every slot (every_slot), else "
+                          "it would run slots that were never due" % settings.job)
+    if first > last:
+        raise ConfigError("--from: %s is after --to (%s)" % (args.first, args.last))
+    slots = list(range(int(-(-first // width)), int(last // width) + 1))
+    current = int((time.time() + settings.options.max_clock_skew) // width)
+    if slots and slots[-1] >= current:
+        raise ConfigError("--to: %s is not before the current slot (%s): the schedule runs that one"
+                          % (args.last, _utc(current * width)))
+    if not slots:
+        raise ConfigError("--from, --to: no slot of %s (once_per %s) begins from %s to %s"
+                          % (settings.job, format_duration(width), args.first, args.last))
+    if len(slots) > MAX_BACKFILL_SLOTS:
+        raise ConfigError("--from, --to: %d slots, above %d at once; backfill in parts"
+                          % (len(slots), MAX_BACKFILL_SLOTS))
+    return run_slots(settings, slots, sys.stdout)
 
 
 def _write_backend(info, stream):

@@ -97,6 +97,8 @@ class Settings(object):
         self.manual = None  # `dlock run-now`: the id of the run asked for by hand
         self.forced = False  # and --force: run it although a pause refuses the job
         self.reason = None  # why (--reason), for either
+        self.catch_up_slot = None  # a missed slot this run catches up (history.py), or `dlock backfill`'s
+        self.backfill = False  # that slot is `dlock backfill`'s
 
 
 # DLOCK_CGROUP: "auto" (the default) gives each job a cgroup v2 of its own
@@ -155,6 +157,10 @@ def _load_job_fields(settings, flags, job_cfg, command=None, need_command=False,
     settings.options = _lock_options(settings.defaults, job_cfg, flags, job_where, settings.scheme)
     # Set by the dlock_jobs role when the job's schedule fires in every once_per slot (history.py: missed slots).
     settings.every_slot = validate.boolean(job_cfg.get("every_slot", False), "%s: every_slot" % job_where)
+    if settings.options.catches_up and not settings.every_slot:
+        raise ConfigError("%s: catch_up: policy %s needs every_slot: a schedule that fires in every once_per slot "
+                          "(the dlock_jobs role sets it where the schedule tells it), else it would run slots "
+                          "that were never due" % (job_where, settings.options.catch_up["policy"]))
     if "description" in job_cfg:
         validate.text(job_cfg["description"], "%s: description" % job_where, allow_empty=True)
     _load_rerun(settings, rerun, reason)

@@ -26,7 +26,14 @@ What is recorded:
     history with no slot before N (new, or every entry older than the
     entries kept) judges nothing, and a fleet that is down as a whole is
     seen only once it runs again: only a heartbeat from outside sees it
-    while it lasts.
+    while it lasts;
+  - with the job's catch_up (options.check_catch_up) latest or all, the
+    slots of that gap that ended within its window, the newest `max`, are not missed:
+    the run caught them up (Runner._catch_up), each a run of its own whose
+    grant claims the slot's marker as a run-now's does, refused when a
+    marker says the slot ran or is claimed; markers then live as long as a
+    catch-up may ask (slots.marker_ttl), so a node that rejoins late cannot
+    run a slot that is done.
 """
 
 import time
@@ -66,6 +73,7 @@ class RunHistory(object):
         self.settings = settings
         self.record = record  # the run's log line: most of the entry
         self.started_at = time.time()
+        self.catch_up_slots = []  # the missed slots to run now (the job's catch_up), oldest first
 
     def write(self, backend, result, code, slot):
         """Write the run's entry with `backend`, if it is one the history keeps."""
@@ -77,10 +85,10 @@ class RunHistory(object):
             if slot is None:
                 return
             once = once_id(result, slot)
-        entry = self._entry(result, code, slot, once)
         once_ttl = None if slot is None else (MANUAL_MARKER_TTL if slot.width is None else slot.marker_ttl)
         try:
-            written = backend.add_history(self.settings.key, entry, keep, once, once_ttl)
+            written = backend.add_history(self.settings.key, self._entry(result, code, slot, once), keep, once,
+                                          once_ttl)
         except DlockError as exc:
             self.record.update(history="failed", history_error=str(exc))
         except Exception as exc:  # a backend's bug: never the run's end
@@ -90,10 +98,11 @@ class RunHistory(object):
 
     def _entry(self, result, code, slot, once):
         entry = dict((name, self.record[name]) for name in ENTRY_FIELDS if self.record.get(name) is not None)
-        if slot is not None and slot.width is not None:
-            entry["slot"] = slot.number  # a schedule's slot (a run-now's is its id)
+        if slot is not None and self.settings.manual is None:
+            entry["slot"] = slot.number  # a schedule's slot, or one caught up (a run-now's is its id)
         if once is not None:  # a skip: the slot it skipped, named as its run would have been
-            entry["run_id"] = run_id(self.settings.job, slot.number, slot.width, None, self.settings.manual)
+            entry["run_id"] = run_id(self.settings.job, slot.number, self.settings.options.once_per, None,
+                                     self.settings.manual)
         entry.update(result=result, exit_code=code, started_at=round(self.started_at, 3),
                      finished_at=round(time.time(), 3))
         unrecorded = self._unrecorded()
@@ -118,6 +127,10 @@ class RunHistory(object):
             if not before:
                 return
             gap = list(range(max(before) + 1, slot.number))
+            self.catch_up_slots = self._to_catch_up(gap, slot.width)
+            if self.catch_up_slots:
+                self.record["catching_up"] = len(self.catch_up_slots)
+            gap = [number for number in gap if number not in self.catch_up_slots]
             recorded = 0
             for number in gap[-MAX_MISSED_RECORDED:]:
                 entry = {"result": "missed", "slot": number, "host": self.record.get("host"),
@@ -150,6 +163,16 @@ class RunHistory(object):
             self.write(backend, result, code, slot)
         finally:
             backend.close()
+
+    def _to_catch_up(self, gap, width):
+        """The slots of `gap` the job's catch_up runs: those that ended
+        within its window of now, the newest `max` of them, oldest first
+        (policy latest: max is 1). The others are missed."""
+        options = self.settings.options
+        if not options.catches_up:
+            return []
+        since = time.time() - options.catch_up["window"]
+        return [number for number in gap if (number + 1) * width >= since][-options.catch_up["max"]:]
 
     def _unrecorded(self):
         """This node's entries of the job that could not be written since

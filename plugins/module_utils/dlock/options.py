@@ -134,6 +134,34 @@ def _history(raw, field):
     return validate.integer(raw, field, 0, HISTORY_MAX)
 
 
+# What a job does with the slots a fleet missed (history.py): skip them
+# (the default), run the latest of them, or all of them, oldest first; only
+# those that ended within `window` of now, at most `max`. The window is at
+# most 7 days: the slots' markers then live window + 1.5 x once_per
+# (slots.marker_ttl, at most MAX_MARKER_TTL), so a slot that ran is never
+# run again by a catch-up.
+CATCH_UP_POLICIES = ("skip", "latest", "all")
+MAX_MARKER_TTL = 1.5 * MAX_DURATION  # the longest a backend keeps a slot's marker (base.lease_ms's bound)
+CATCH_UP_KEYS = ("policy", "window", "max")
+MAX_CATCH_UP_WINDOW = 7 * 86400.0
+MAX_CATCH_UP_RUNS = 100
+
+
+def check_catch_up(raw, field):
+    """The job option `catch_up`: {policy, window (default 1d), max (default 1
+    for latest, 10 for all)}, normalised to those three keys."""
+    validate.mapping(raw, field)
+    for name in raw:
+        if name not in CATCH_UP_KEYS:
+            raise ConfigError("%s: unknown key %s (known: %s)" % (field, validate.shown(name), ", ".join(CATCH_UP_KEYS)))
+    policy = validate.choice(raw.get("policy", "skip"), "%s.policy" % field, CATCH_UP_POLICIES)
+    window = validate.duration(raw.get("window", "1d"), "%s.window" % field, 1.0, MAX_CATCH_UP_WINDOW, positive=True)
+    most = validate.integer(raw.get("max", 1 if policy == "latest" else 10), "%s.max" % field, 1, MAX_CATCH_UP_RUNS)
+    if policy == "latest" and most != 1:
+        raise ConfigError("%s.max: latest runs one slot, the newest; %d slots is policy all" % (field, most))
+    return {"policy": policy, "window": window, "max": most}
+
+
 # Every lock option, the one list of them, in the order `dlock run --help`
 # shows their flags. Derived defaults keep short TTLs valid without extra
 # settings, on every backend (with the 2 x max_clock_skew of a wall-clock
@@ -167,6 +195,8 @@ LOCK_OPTIONS = (
     Option("history", _history, HISTORY_DEFAULT,
            {"metavar": "N", "help": "entries of the job's fleet-wide history the backend keeps "
                                     "(default %d, at most %d; 0: none)" % (HISTORY_DEFAULT, HISTORY_MAX)}),
+    # Job files and `defaults` only (a mapping).
+    Option("catch_up", check_catch_up, None),
     # Merged over DEFAULT_EXIT_CODES; job files and `defaults` only.
     Option("exit_codes", check_exit_codes, None),
 )
@@ -206,6 +236,7 @@ class LockOptions(object):
         self.exit_codes = dict(DEFAULT_EXIT_CODES)
         self.exit_codes.update(parsed.get("exit_codes") or {})
         self.check_budget()
+        self.check_catch_up()
 
     @property
     def wall_clock(self):
@@ -235,6 +266,25 @@ class LockOptions(object):
             "expires%s; raise ttl or lower the others"
             % (" + ".join("%s (%s)" % (name, format_duration(value)) for name, value in terms),
                format_duration(budget), format_duration(self.ttl), why))
+
+    @property
+    def catches_up(self):
+        """Whether missed slots are run (catch_up's policy latest or all)."""
+        return self.catch_up is not None and self.catch_up["policy"] != "skip"
+
+    def check_catch_up(self):
+        if not self.catches_up:
+            return
+        if self.once_per is None:
+            raise ConfigError("catch_up: policy %s needs once_per: the slots it catches up are once_per's"
+                              % self.catch_up["policy"])
+        window = self.catch_up["window"]
+        if window + 1.5 * self.once_per > MAX_MARKER_TTL:
+            raise ConfigError("catch_up.window: %s with once_per %s would keep each slot's marker %s (window + "
+                              "1.5 x once_per, so that a slot that ran is never caught up), above the %s a "
+                              "backend keeps one; shorten the window" % (
+                                  format_duration(window), format_duration(self.once_per),
+                                  format_duration(window + 1.5 * self.once_per), format_duration(MAX_MARKER_TTL)))
 
     @classmethod
     def from_mapping(cls, values, where, scheme=None):

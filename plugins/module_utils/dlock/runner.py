@@ -10,6 +10,7 @@ supervision.Supervisor, the job under the lease (spawn, heartbeat, the
 watch); RunReport, what the run tells (the log line and the metrics).
 """
 
+import copy
 import time
 
 from . import clock, report
@@ -25,6 +26,11 @@ from .validate import format_duration
 from .waiting import acquire as acquire_waiting
 
 
+def backend_of(settings):
+    return open_backend(settings.backend_url, settings.password, settings.options.op_timeout, settings.ca_file,
+                        settings.fence_epoch)
+
+
 def acquire(backend, key, owner, options, slot, pauses=()):
     """(grant, attempts, deadline.now() when the granting request was sent):
     the boot-time clock the lease deadlines are judged on. A pause of one of
@@ -36,11 +42,16 @@ def acquire(backend, key, owner, options, slot, pauses=()):
 
 def hand_fields(settings):
     """What a run asked for by hand says of itself: a rerun and its reason,
-    a run-now's id, reason and whether it was forced past a pause."""
+    a run-now's id, reason and whether it was forced past a pause; a
+    missed slot caught up, or backfilled (and why)."""
     if settings.rerun is not None:
         return {"rerun": True, "rerun_reason": settings.reason}
     if settings.manual is not None:
         return {"manual_id": settings.manual, "manual_reason": settings.reason, "forced": settings.forced}
+    if settings.backfill:
+        return {"backfill": True, "backfill_reason": settings.reason}
+    if settings.catch_up_slot is not None:
+        return {"catch_up": True}
     return {}
 
 
@@ -128,12 +139,20 @@ class Runner(object):
             if backend is not None:
                 backend.close()
         self.report.finish(result, code, started, started_wall)
+        self._catch_up()
         return code
 
+    def _catch_up(self):
+        """Run the missed slots the run found to catch up (history.py), each
+        a run of its own (its grant, fence, log line and entry), oldest
+        first. The run's own exit code stands whatever they do."""
+        for number in self.history.catch_up_slots:
+            settings = copy.copy(self.settings)
+            settings.catch_up_slot = number
+            Runner(settings, self.report.stderr).run()
+
     def _open_backend(self):
-        settings = self.settings
-        return open_backend(settings.backend_url, settings.password, self.options.op_timeout, settings.ca_file,
-                            settings.fence_epoch)
+        return backend_of(self.settings)
 
     # -- the locked path ------------------------------------------------------
     def _locked_run(self, backend):
@@ -162,10 +181,17 @@ class Runner(object):
         if self.settings.rerun is not None:
             # The slot named: the backend grants it only if it may be rerun (base.rerun_refusal).
             return Slot(self.settings.rerun, marker_ttl(once_per), once_per, rerun=True, lead=self._slot_lead())
+        window = self.options.catch_up["window"] if self.options.catches_up else None
+        if self.settings.catch_up_slot is not None:
+            # A past slot, its number as given: granted only while no marker
+            # says it ran or is claimed (as a run-now's), its marker then
+            # living as long as a catch-up may ask for it (a backfill's, as a run-now's).
+            ttl = MANUAL_MARKER_TTL if self.settings.backfill else marker_ttl(once_per, window)
+            return Slot(self.settings.catch_up_slot, ttl)
         if once_per:
             # An estimate: the backend decides the slot on its clock at grant time.
             number = slot_number(time.time() + offset, once_per, self._slot_lead())
-            return Slot(number, marker_ttl(once_per), once_per, lead=self._slot_lead())
+            return Slot(number, marker_ttl(once_per, window), once_per, lead=self._slot_lead())
         return None
 
     def _slot_lead(self):
@@ -279,6 +305,42 @@ class Runner(object):
         """fail_open: run without any lock, and say so loudly."""
         self.record.update(fail_open=True, warning="ran WITHOUT a lock (fail_open): %s" % exc)
         return self.supervisor.run_unlocked()
+
+
+def backfill(settings, slots, out, stderr=None):
+    """`dlock backfill`: each of `slots` (past slot numbers, oldest first) a
+    run of its own, as a catch-up's (Runner._slot), but for those the
+    history shows a success of; a line on `out` for each, then the count.
+    Exit 0 when none failed, else the first failure's code."""
+    done = set()
+    if settings.options.history:
+        backend = backend_of(settings)
+        try:
+            done = set(entry.get("slot") for entry in backend.read_history(settings.key, settings.options.history)
+                       if entry.get("result") == "success")
+        except DlockError as exc:
+            out.write("backfill %s: the history could not be read (%s); the slots' markers decide alone\n"
+                      % (settings.job, exc))
+        finally:
+            backend.close()
+    outcome, counts = 0, {}
+    for number in slots:
+        named = boundary(number, settings.options.once_per)
+        if number in done:
+            result, code = "done_before", 0
+        else:
+            one = copy.copy(settings)
+            one.catch_up_slot, one.backfill = number, True
+            runner = Runner(one, stderr)
+            code = runner.run()
+            result = runner.record.get("result")
+        counts[result] = counts.get(result, 0) + 1
+        out.write("%s  %s (exit %d)\n" % (named, result, code))
+        if outcome == 0 and result not in ("success", "done_before", "skipped_duplicate"):
+            outcome = code or 1
+    out.write("backfill %s: %d slots: %s\n" % (settings.job, len(slots), ", ".join(
+        "%d %s" % (count, result) for result, count in sorted(counts.items()))))
+    return outcome
 
 
 def run(settings, stderr=None, job=None):

@@ -51,10 +51,16 @@ def slot_number(server_now, width, lead=0.0):
     return int(math.floor((server_now + lead) / width))
 
 
-def marker_ttl(width):
+def marker_ttl(width, catch_up_window=None):
     """How long the slot marker lives: past the end of the window it can be
-    claimed in (a claim as the window opens needs W; half a slot spare)."""
-    return 1.5 * width
+    claimed in (a claim as the window opens needs W; half a slot spare).
+    With a catch-up window (options.check_catch_up), until no catch-up can
+    ask for the slot any more, its end `window` ago: window + 1.5 W from
+    its claim (which is at most lead, W/2, before its boundary), so a slot
+    that ran is never caught up (its marker refuses)."""
+    if catch_up_window is None:
+        return 1.5 * width
+    return catch_up_window + 1.5 * width
 
 
 def boundary(slot, width):

@@ -215,3 +215,11 @@ def test_the_period_of_a_schedule(expression, period):
 ])
 def test_the_equal_gap_of_a_schedule(expression, every):
     assert schedule_every(expression) == every
+
+
+def test_catch_up_needs_a_schedule_that_fires_in_every_slot():
+    [job] = dlock_jobs([dict(GOOD, catch_up={"policy": "all", "window": "1d"})])
+    assert job["file"]["catch_up"] == {"policy": "all", "window": "1d"} and job["file"]["every_slot"] is True
+    with pytest.raises(AnsibleFilterError, match=r"catch_up: policy latest needs a schedule that fires in every "
+                                                 r"once_per slot \('Mon..Fri 02:00' does not with once_per 1d"):
+        dlock_jobs([dict(GOOD, schedule="Mon..Fri 02:00", once_per="1d", catch_up={"policy": "latest"})])
