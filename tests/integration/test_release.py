@@ -454,7 +454,8 @@ def test_job_entry_keys_are_documented_as_suboptions():
            "state": "present",
            "shell": False, "ttl": "5m", "renew_every": 60, "op_timeout": "2s", "kill_grace": "10s",
            "on_contention": "wait", "wait_timeout": "5m", "min_hold": 0, "once_per": "1d", "max_runtime": "1h",
-           "max_clock_skew": "2s", "fail_open": False, "exit_codes": {"locked": 0}}
+           "max_clock_skew": "2s", "fail_open": False, "exit_codes": {"locked": 0}, "history": 100,
+           "catch_up": {"policy": "latest", "window": "1d"}}
     assert sorted(job) == sorted(entry)
     with open(os.path.join(ROOT, "roles", "dlock_jobs", "meta", "argument_specs.yml")) as handle:
         spec = yaml.safe_load(handle)["argument_specs"]["main"]["options"]

@@ -38,10 +38,12 @@ def test_the_role_has_least_privilege(host):
     # UPDATE on dlock_slot: a release records its run's outcome in the slot's
     # marker, and a rerun of a failed slot takes it over (dlock run --rerun).
     # dlock_pause: dlock pause writes it, with the runners' role.
-    assert grants == ("dlock_lease|INSERT,SELECT,UPDATE\ndlock_pause|DELETE,INSERT,SELECT,UPDATE\n"
+    # dlock_history: each run adds its entry and drops those past the newest kept.
+    assert grants == ("dlock_history|DELETE,INSERT,SELECT\n"
+                      "dlock_lease|INSERT,SELECT,UPDATE\ndlock_pause|DELETE,INSERT,SELECT,UPDATE\n"
                       "dlock_slot|DELETE,INSERT,SELECT,UPDATE\ndlock_wait|DELETE,INSERT,SELECT,UPDATE")
     assert sql(host, "SELECT string_agg(tableowner, ',') FROM pg_tables WHERE tablename LIKE 'dlock_%'") \
-        == "postgres,postgres,postgres,postgres"
+        == "postgres,postgres,postgres,postgres,postgres"
 
 
 def test_the_password_is_stored_as_a_scram_verifier_of_it(host):
