@@ -219,6 +219,19 @@ def test_a_pause_made_on_the_nodes_outlives_the_backend_losing_it(lab, provision
     assert sorted(re.findall(r"changed=(\d+)", out)) == ["0"] * (len(nodes) - 1) + ["1"], out[-3000:]
     assert "failed=0" in out and "failed=1" not in out, out[-3000:]
 
+    # The fleet-wide history, read on another node than the one that ran:
+    # the run-now's run, once, with the name of the node that ran it; each
+    # paused slot once, whichever nodes were refused (from their mirrors).
+    ran_on = [host for host, changed in re.findall(r"^(\S+)\s+:\s+ok=\d+\s+changed=(\d+)", out, re.M)
+              if changed == "1"]
+    reader = next(node for node in nodes if node not in ran_on)
+    entries = json.loads(lab.ssh(reader, "dlock history sample -n 100 --json", check=True).stdout)
+    manual = [entry for entry in entries if entry.get("manual_id")]
+    assert len(manual) == 1 and manual[0]["result"] == "success", manual
+    assert manual[0]["host"] == lab.ssh(ran_on[0], "hostname", check=True).stdout.strip(), (manual, ran_on)
+    paused = [entry["slot"] for entry in entries if entry["result"] == "skipped_paused"]
+    assert paused and len(paused) == len(set(paused)), entries
+
 
 # site.yml on a backend of the operator's own (dlock_backend, no provisioning):
 # a schedule only systemd-analyze on the node can judge, and an entry the
