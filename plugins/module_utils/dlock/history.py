@@ -143,6 +143,10 @@ class RunHistory(object):
         except DlockError as exc:
             self.record.update(history="failed", history_error="finding missed slots: %s" % exc)
             return
+        except Exception as exc:  # a backend's bug: never the run's end, nor its release
+            self.record.update(history="failed", history_error="finding missed slots: %s: %s"
+                               % (exc.__class__.__name__, exc))
+            return
         if missed:
             self.record["slots_missed"] = missed
 

@@ -17,10 +17,10 @@ from . import clock, report
 from .backends import Slot, open_backend, pause_scopes
 from .deadline import LeaseDeadline, now
 from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError, OutcomeUnknown
+from .history import RunHistory
 from .owner import hostname, new_owner
 from .pause_files import mirrored_pauses
 from .slots import MANUAL_MARKER_TTL, boundary, manual_slot_number, marker_ttl, run_id, slot_lead, slot_number
-from .history import RunHistory
 from .supervision import Supervisor
 from .validate import format_duration
 from .waiting import acquire as acquire_waiting

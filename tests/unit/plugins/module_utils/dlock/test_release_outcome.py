@@ -190,3 +190,30 @@ def test_the_release_waits_for_a_renewal_in_flight(run, tmp_path, hold, op_timeo
     assert code == 0
     assert log["result"] == "success" and log["release"] == "released", log
     assert backends[0].released_during_renewal is False
+
+
+class BrokenHistory(object):
+    """The backend, whose history calls fail as a backend's bug would."""
+
+    def __init__(self, backend):
+        self._backend = backend
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def read_history(self, key, limit):
+        raise RuntimeError("history bug")
+
+    def add_history(self, *args, **kwargs):
+        raise RuntimeError("history bug")
+
+
+def test_a_history_that_breaks_changes_nothing_of_the_run_nor_its_release(run, tmp_path):
+    """The missed slots are judged and the entry written before the release:
+    anything they raise is the history's, never the run's end."""
+    (tmp_path / ("%s.json" % JOB)).write_text(json.dumps({"once_per": "1h", "every_slot": True}))
+    code, log, metrics = run(3, wrap=BrokenHistory)
+    assert (code, log["result"], log["release"]) == (3, "failed", "released")
+    assert log["history"] == "failed" and log["history_error"] == "RuntimeError: history bug"
+    assert 'dlock_history_writes_total{job="%s",outcome="failed"} 1' % JOB in metrics
+    assert 'dlock_slots_missed_total{job="%s"} 0' % JOB in metrics
