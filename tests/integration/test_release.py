@@ -164,7 +164,8 @@ def test_tarball_holds_what_users_need_and_no_development_file(release):
         assert member.isfile() or member.isdir(), "%s is a link or special file" % name
     needed = {"README.md", "LICENSE", "meta/runtime.yml", "meta/execution-environment.yml", "requirements.txt",
               "bindep.txt", "plugins/module_utils/dlock/cli.py",
-              "playbooks/site.yml", "playbooks/status.yml", "playbooks/break_lock.yml"}
+              "playbooks/site.yml", "playbooks/status.yml", "playbooks/break_lock.yml", "playbooks/pause.yml",
+              "playbooks/resume.yml", "playbooks/run_now.yml", "playbooks/history.yml"}
     needed |= {"plugins/modules/%s.py" % name for name in CONTROLLER_MODULES + NODE_MODULES}
     needed |= {"plugins/action/%s.py" % name for name in CONTROLLER_MODULES}
     needed |= {"roles/%s/README.md" % role for role in ROLES}

@@ -116,6 +116,24 @@ def test_runbooks_status_and_break_lock(ansible, engine, unique_key):
     assert engine.query(unique_key).owner is None
 
 
+def test_runbook_history_shows_the_fleet_s_runs_newest_first(ansible, engine, unique_key):
+    engine.add_history(unique_key, {"result": "success", "run_id": unique_key + "@2026-11-28T02:00:00Z",
+                                    "host": "node1", "fence": 7, "exit_code": 0, "finished_at": 1795831205.0}, 50)
+    engine.add_history(unique_key, {"result": "skipped_paused", "run_id": unique_key + "@2026-11-29T02:00:00Z",
+                                    "host": "node2", "exit_code": 72, "pause_reason": "CHG-118"}, 50)
+    shown = ansible.playbook(os.path.join(ROOT, "playbooks", "history.yml"), {"dlock_key": unique_key})
+    assert_ok(shown)
+    first = shown.stdout.index("%s@2026-11-29T02:00:00Z skipped_paused (exit 72) on node2, fence -, CHG-118" % unique_key)
+    second = shown.stdout.index("%s@2026-11-28T02:00:00Z success (exit 0) on node1, fence 7" % unique_key)
+    assert first < second and time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(1795831205)) in shown.stdout, \
+        shown.stdout
+    none = ansible.playbook(os.path.join(ROOT, "playbooks", "history.yml"), {"dlock_key": unique_key + "-none"})
+    assert_ok(none)
+    assert "no history of %s-none in the backend" % unique_key in none.stdout
+    refused = ansible.playbook(os.path.join(ROOT, "playbooks", "history.yml"))
+    assert refused.returncode != 0 and "Name the job's lock" in refused.stdout
+
+
 # -- 2. a lock around part of a playbook ------------------------------------------------------
 def test_lock_around_part_of_a_play_waits_for_a_busy_lock(ansible, engine, unique_key, tmp_path):
     ledger = tmp_path / "ledger"

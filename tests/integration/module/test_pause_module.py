@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_cli import Ansible
+from ansible_cli import ROOT, Ansible
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import (
     group_scope, job_scope, open_backend, pause_scopes)
@@ -124,6 +124,25 @@ def test_a_play_on_the_nodes_pauses_once_and_mirrors_on_each(ansible, engine, un
     assert engine.read_pauses([group_scope(group)]) == [] and not any(path.exists() for path in mirrors)
     results, out = ansible.play_on_lockers([resume])
     assert not any(result["changed"] for result in results.values()), out
+
+
+def test_the_pause_and_resume_runbooks_on_the_nodes(ansible, engine, unique_key):
+    """playbooks/pause.yml and resume.yml as an operator runs them: on the job
+    nodes (here the group lockers), made once, mirrored on each, ended."""
+    group = "g-" + unique_key[-6:]
+    extra = {"dlock_hosts": "lockers", "dlock_group": group, "dlock_reason": REASON, "dlock_until": "2h",
+             "dlock_jobs_list": [{"name": "billing", "key": unique_key, "groups": [group]}]}
+    paused = ansible.playbook(os.path.join(ROOT, "playbooks", "pause.yml"), extra)
+    assert paused.returncode == 0 and paused.stdout.count("changed=1") == 2, paused.stdout
+    assert "paused group:%s until" % group in paused.stdout
+    assert [pause.reason for pause in engine.read_pauses([group_scope(group)])] == [REASON]
+    mirrors = [ansible.pauses / host / ("group:%s.pause" % group) for host in ("h1", "h2")]
+    assert all(path.exists() for path in mirrors)
+    resumed = ansible.playbook(os.path.join(ROOT, "playbooks", "resume.yml"), extra)
+    assert resumed.returncode == 0 and resumed.stdout.count("changed=1") == 2, resumed.stdout
+    assert engine.read_pauses([group_scope(group)]) == [] and not any(path.exists() for path in mirrors)
+    missing = ansible.playbook(os.path.join(ROOT, "playbooks", "pause.yml"), dict(extra, dlock_reason=""))
+    assert missing.returncode != 0 and "reason" in missing.stdout and not engine.read_pauses([group_scope(group)])
 
 
 def test_a_moment_pause_run_again_changes_nothing_on_any_node(ansible, engine, unique_key):

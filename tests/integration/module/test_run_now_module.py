@@ -14,6 +14,7 @@ import sys
 import pytest
 import yaml
 
+from ansible_cli import ROOT
 from runner_proc import MODULE_UTILS
 
 from ansible_collections.dlock.fleet.plugins.modules import dlock_run_now
@@ -66,6 +67,19 @@ def test_one_run_of_the_task_runs_the_job_once_on_one_host(ansible, fleet):
     # The playbook again: a new run of the task, a new id, one more run.
     ansible.play_on_lockers([task(fleet)])
     assert ran(fleet) == 2
+
+
+def test_the_run_now_runbook_runs_it_once_on_one_node(ansible, fleet):
+    """playbooks/run_now.yml as an operator runs it, on the job nodes (here
+    the group lockers): once, on one of them; again with the same id, not."""
+    extra = {"dlock_hosts": "lockers", "dlock_job": "billing", "dlock_reason": REASON, "dlock_id": "INC-4211",
+             "dlock_runner_bin": fleet["bin"], "dlock_jobs_list": [{"name": "billing", "key": fleet["key"]}]}
+    for _play in range(2):
+        done = ansible.playbook(os.path.join(ROOT, "playbooks", "run_now.yml"), extra)
+        assert done.returncode == 0, done.stdout
+    assert ran(fleet) == 1
+    refused = ansible.playbook(os.path.join(ROOT, "playbooks", "run_now.yml"), {"dlock_hosts": "lockers"})
+    assert refused.returncode != 0 and "Name the job" in refused.stdout and ran(fleet) == 1
 
 
 def test_an_id_given_runs_once_across_runs_of_the_playbook(ansible, fleet):
