@@ -223,6 +223,7 @@ def test_the_engine_works_under_the_role(pg_server, provisioned, unique_key):
             assert a.add_history(key, {"result": "skipped_paused"}, 2, "skipped_paused@1", 60)
             assert not b.add_history(key, {"result": "skipped_paused"}, 2, "skipped_paused@1", 60)
             assert [entry["result"] for entry in b.read_history(key, 5)] == ["skipped_paused", "lock_lost"]
+            assert a.slot_claimed(key, slot.number) and not a.slot_claimed(key, slot.number + 1)
         finally:
             a.close()
             b.close()

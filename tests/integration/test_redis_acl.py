@@ -77,6 +77,7 @@ def test_every_engine_call_passes_the_role_acl(acl_redis, unique_key):
     assert backend.add_history(key, {"result": "skipped_paused"}, 2, "skipped_paused@1", 60)
     assert not backend.add_history(key, {"result": "skipped_paused"}, 2, "skipped_paused@1", 60)
     assert [entry["result"] for entry in backend.read_history(key, 5)] == ["skipped_paused", "success"]
+    assert backend.slot_claimed(unique_key, slot.number) and not backend.slot_claimed(unique_key, slot.number + 1)
     assert admin.execute_command("ACL", "LOG") == [], "the ACL refused a call the engine made"
 
 

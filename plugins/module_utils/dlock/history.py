@@ -2,9 +2,8 @@
 
 The backend keeps the newest entries of each lock key (Backend.add_history;
 the job option `history`, 0: none). Each runner writes its own run's entry
-before the release (a later grant of the lock so finds it there), one more
-operation outside the grant, so that a history that cannot be written never
-fails or changes a run: the failure is
+after the release, one more operation outside the grant, so that a history
+that cannot be written never fails, delays or changes a run or its release: the failure is
 in the log line (`history`, `history_error`), the metrics
 (dlock_history_writes_total{outcome="failed"}, dlock_history_unrecorded) and,
 with the node's next entry that is written, the history itself
@@ -19,9 +18,11 @@ What is recorded:
     entry), a refused rerun, nor a run that never reached the backend;
   - a missed slot (judge_missed): for a job whose schedule fires in every
     once_per slot (the job file's every_slot, which the dlock_jobs role
-    sets), the run that is granted slot N first looks at the history: each
-    slot between the newest slot there and N has no entry, so no node ran
-    it, skipped it or was refused it by a pause: it is recorded as `missed`,
+    sets), the run that is granted slot N looks at the history once it has
+    released: each slot between the newest slot there and N that has no
+    entry and no live marker (the run that freed the lock for N writes its
+    entry after its release: it may still be on its way) had no run, no
+    skip and no pause refusal: it is recorded as `missed`,
     once (its id `missed@SLOT`), and counted (dlock_slots_missed_total). A
     history with no slot before N (new, or every entry older than the
     entries kept) judges nothing, and a fleet that is down as a whole is
@@ -127,6 +128,13 @@ class RunHistory(object):
             if not before:
                 return
             gap = list(range(max(before) + 1, slot.number))
+            # A run writes its entry after its release, so the run that freed
+            # the lock for this one may not have yet: a slot whose marker
+            # still lives was claimed (its run done, going on, or its runner
+            # dead), not missed. Markers live 1.5 slots (the newest two at
+            # most), a catching-up job's as long as its window.
+            recent = slot.number - 2 if not settings.options.catches_up else slot.number - 1 - MAX_MISSED_RECORDED
+            gap = [number for number in gap if number < recent or not backend.slot_claimed(settings.key, number)]
             self.catch_up_slots = self._to_catch_up(gap, slot.width)
             if self.catch_up_slots:
                 self.record["catching_up"] = len(self.catch_up_slots)

@@ -254,11 +254,11 @@ class Runner(object):
             self.record["error"] = "after the grant: %s" % (exc or exc.__class__.__name__)
             self._release(backend, "failed", None, slot)
             raise
-        # Before the release: the next grant of the lock finds this run in
-        # the history (the missed slots a run judges: history.py).
+        # The release first, at once after the job: the history's requests
+        # (history.py) never stand between a job's end and its lock's.
+        self._release(backend, result, code, slot)
         self.history.judge_missed(backend, slot)
         self.history.write(backend, result, code, slot)
-        self._release(backend, result, code, slot)
         return code, result
 
     def _rerun_refused(self, status, slot):
@@ -283,6 +283,8 @@ class Runner(object):
     def _release(self, backend, result, code, slot=None):
         last = {"result": result, "exit_code": code, "owner": self.owner, "host": self.record["host"],
                 "fence": self.record.get("fence"), "run_id": self.record.get("run_id"), "finished_at": time.time()}
+        if self.record.get("slot") is not None:
+            last["slot"] = self.record["slot"]  # `dlock status --json` and the module's query show it
         last.update(hand_fields(self.settings))
         # The run is what the job made it whatever comes of its release: its
         # outcome (report.RELEASE_UNCONFIRMED) goes to the log line and the

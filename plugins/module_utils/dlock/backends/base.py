@@ -352,6 +352,11 @@ class Backend(object):
         """The newest `limit` entries of key's history, newest first."""
         raise NotImplementedError
 
+    def slot_claimed(self, key, number):
+        """Whether a live marker of slot `number` of key is there: a run
+        claimed it (going on, done, failed, or its runner died)."""
+        raise NotImplementedError
+
     def guard_fds(self, key):
         """Descriptors of this process that hold key's lock, which the job's
         guard must keep until nothing of the job is left: a lock that goes

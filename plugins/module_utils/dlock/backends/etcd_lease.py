@@ -17,7 +17,7 @@ from ..options import BACKEND_MIN_TTL
 from ..safefile import require_regular
 from ..slots import outcome_marker
 from ..validate import backend_url
-from .base import Backend, Pause, history_entry, history_keep, history_record, lease_ms, pause_ms
+from .base import Backend, Pause, Slot, history_entry, history_keep, history_record, lease_ms, pause_ms
 from .etcd_gateway import KV, Etcd3Client, EtcdGateway, answer_date, b64, first_kv, prefix_end
 from .etcd_grant import EtcdGrant, lock_view, overdue
 from .etcd_keys import KeyNames
@@ -133,6 +133,10 @@ class EtcdBackend(Backend):
             for start in range(0, len(deletes), MAX_TXN_OPS):
                 self.gateway.txn([], deletes[start:start + MAX_TXN_OPS], [])
         return True
+
+    def slot_claimed(self, key, number):
+        # A marker is on a lease of its own: etcd deletes it when that expires.
+        return self.gateway.get(self.names.marker(key, Slot(number, None))) is not None
 
     def read_history(self, key, limit):
         prefix = self.names.history(key)

@@ -366,6 +366,9 @@ class FileBackend(Backend):
                 raise BackendError("file: cannot write %s (%s)" % (path, exc.strerror or exc))
         return True
 
+    def slot_claimed(self, key, number):
+        return str(number) in _live_markers(self._read_state(key), time.time())
+
     def read_history(self, key, limit):
         return [history_entry(line) for line in reversed(self._read_history(key)[-limit:])]
 

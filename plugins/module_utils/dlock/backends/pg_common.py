@@ -144,6 +144,8 @@ WITH added AS (INSERT INTO dlock_history (key, once, entry) VALUES (%(key)s, %(o
                                 ORDER BY id DESC OFFSET %(older)s LIMIT 1))
 SELECT count(*) FROM added"""
 READ_HISTORY = "SELECT entry FROM dlock_history WHERE key = %(key)s ORDER BY id DESC LIMIT %(limit)s"
+SLOT_CLAIMED = """SELECT count(*) FROM dlock_slot
+ WHERE key = %(key)s AND slot = %(slot)s AND expires_at > clock_timestamp()"""
 
 # A pause (base.Pause) is its scope's row: the record the other backends
 # store too, and `until`, its end on the server's clock. A row whose until
@@ -602,6 +604,10 @@ class PgBackend(Backend):
                 raise BackendError("postgresql: the table %s does not exist; the dlock_postgresql role makes it "
                                    "(the runs go on without a history until then)" % HISTORY_TABLE)
             raise
+
+    def slot_claimed(self, key, number):
+        params = {"key": key, "slot": number}
+        return self.session.run(lambda conn: conn.execute(SLOT_CLAIMED, params).fetchone()[0]) == 1
 
     def read_history(self, key, limit):
         rows = self.session.run(lambda conn: conn.execute(READ_HISTORY, {"key": key, "limit": limit}).fetchall())

@@ -437,6 +437,9 @@ class RedisBackend(Backend):
             args.append(lease_ms(once_ttl, "history once_ttl", 1.0, 1.5 * MAX_DURATION))
         return self._script(ADD_HISTORY, keys, args) == 1
 
+    def slot_claimed(self, key, number):
+        return self._call(self.client.exists, "dlock:{%s}:slot:%d" % (key, number)) == 1
+
     def read_history(self, key, limit):
         texts = self._call(self.client.lrange, "dlock:{%s}:history" % key, 0, limit - 1)
         return [history_entry(text) for text in texts]
