@@ -56,6 +56,8 @@ LEDGER_JOB = {
     # PostgreSQL included, left a run with backend_error (a skip, not a second
     # run). 1 s, and a ttl that keeps the safety rule with it (5.3 s < 6 s).
     "op_timeout": "1s", "max_clock_skew": "500ms",
+    # Every slot of the window in the fleet-wide history, to match it against the ledger.
+    "history": 1000,
 }
 
 
@@ -440,6 +442,9 @@ def every_slot_ran_exactly_once(lab, started):
     since = started["since"]
     try:
         time.sleep(max(0, since + SLOT * (SLOTS + 2) - time.time()))  # the window the runs are counted in
+        read_at = time.time()
+        history = json.loads(lab.ssh(lab.group("dlock_nodes")[-1], "dlock history %s -n 1000 --json"
+                                     % LEDGER_JOB["name"], check=True).stdout)
     finally:
         jobs(lab, [{"name": LEDGER_JOB["name"], "state": "absent"}])
         started.clear()
@@ -456,6 +461,16 @@ def every_slot_ran_exactly_once(lab, started):
         assert before["end"] <= after["start"], "runs overlapped: %r %r" % (before, after)
         assert after["fence"] > before["fence"]
     assert len({r["host"] for r in runs}) > 1, "one node won every slot: randomized delay not exercised"
+    # The fleet-wide history, read on one node, says the same, run for run:
+    # each run that had ended (and written its entry) before it was read is
+    # there with its fence, slot and node, and it holds no run, and no
+    # missed slot, that the ledger does not.
+    recorded = dict((entry["fence"], (entry["run_id"], entry["host"])) for entry in history
+                    if entry["result"] == "success" and entry.get("started_at", 0) >= since)
+    ended = dict((run["fence"], (run["run_id"], run["host"])) for run in runs if run["end"] < read_at - 2)
+    assert len(ended) >= SLOTS - 2 and all(recorded.get(fence) == ran for fence, ran in ended.items()), (ended, recorded)
+    assert set(recorded) <= set(run["fence"] for run in runs), (recorded, runs)
+    assert not [entry for entry in history if entry["result"] == "missed" and entry.get("finished_at", 0) >= since]
     # The other nodes skipped each slot (exit 74) rather than failing.
     for node in lab.group("dlock_nodes"):
         others = [record for record in run_records(lab, node, LEDGER_JOB["name"], since)
