@@ -15,7 +15,7 @@ from .errors import EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigE
 from .options import HISTORY_MAX
 from .owner import operator
 from .pause_files import mirror_pause, mirrored_pauses, unmirror_pause
-from .slots import BOUNDARY_FORMAT
+from .slots import BOUNDARY_FORMAT, slot_lead, slot_number
 from .validate import format_duration
 
 
@@ -171,9 +171,7 @@ def status(args, flags):
             "-" if not last else "%s (exit %s) on %s" % (last.get("result"), last.get("exit_code"), last.get("host")),
             _pause_cell(row),
         ))
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    for r in table:
-        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+    _write_table(table)
     sys.stdout.write("\n")
     _write_backend(info, sys.stdout)
     return outcome
@@ -191,8 +189,6 @@ def _history_note(entry):
                                            entry.get("manual_reason") or "-"))
     if entry.get("rerun"):
         notes.append("rerun: %s" % entry.get("rerun_reason"))
-    if entry.get("release") not in (None, "released"):
-        notes.append("release %s" % entry["release"])
     if entry.get("unrecorded_before"):
         notes.append("%d entries of this node missing before it" % entry["unrecorded_before"])
     return "; ".join(notes) or "-"
@@ -226,9 +222,7 @@ def history(args, flags):
                       str(entry.get("run_id") or entry.get("once") or "-"),
                       "-" if not isinstance(took, (int, float)) else format_duration(max(0.0, round(took, 3))),
                       _history_note(entry)))
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    for r in table:
-        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+    _write_table(table)
     return 0
 
 
@@ -249,7 +243,7 @@ def backfill(args, flags):
     if first > last:
         raise ConfigError("--from: %s is after --to (%s)" % (args.first, args.last))
     slots = list(range(int(-(-first // width)), int(last // width) + 1))
-    current = int((time.time() + settings.options.max_clock_skew) // width)
+    current = slot_number(time.time(), width, slot_lead(width, settings.options.max_clock_skew))
     if slots and slots[-1] >= current:
         raise ConfigError("--to: %s is not before the current slot (%s): the schedule runs that one"
                           % (args.last, _utc(current * width)))
@@ -260,6 +254,14 @@ def backfill(args, flags):
         raise ConfigError("--from, --to: %d slots, above %d at once; backfill in parts"
                           % (len(slots), MAX_BACKFILL_SLOTS))
     return run_slots(settings, slots, sys.stdout)
+
+
+def _write_table(table):
+    """Rows of text cells on stdout, each column as wide as its widest cell
+    (`dlock status`, `dlock history`)."""
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for r in table:
+        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
 
 
 def _write_backend(info, stream):
