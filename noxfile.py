@@ -72,11 +72,23 @@ def quick(session):
 @nox.session(python=False, tags=["full"])
 def integration(session):
     """pytest tests/unit tests/integration: the engine against real redis-server, PostgreSQL and etcd on loopback,
-    the roles' preflight and templates, Hypothesis properties (the published collection is the release session's;
+    the roles through real ansible-playbook on local hosts (tests/integration/roles), Hypothesis properties (the
+    published collection is the release session's; the roles' node modules, the role-modules session's;
     the modules through real ansible runs, the modules session's)."""
     args = session.posargs or ["tests/unit", "tests/integration", "--ignore=tests/integration/test_release.py",
-                               "--ignore=tests/integration/module", "--ignore=tests/integration/operations"]
+                               "--ignore=tests/integration/module", "--ignore=tests/integration/operations",
+                               "--ignore=tests/integration/role_modules"]
     session.run(*PYTEST, *args, external=True)
+
+
+@nox.session(name="role-modules", python=False, tags=["full"])
+def role_modules(session):
+    """pytest tests/integration/role_modules: the roles' node modules (dlock_postgresql_access, dlock_etcd_access,
+    dlock_patroni_cluster, dlock_job_units) through real `ansible` against real PostgreSQL and etcd on loopback, and
+    the engine under the grants they make. A session of its own, in the fleet lane (scripts/test.sh), the shortest:
+    99 s on an idle machine, 259-278 s on CI's, taken out of the engine's lane, which was the longest (2082 s in
+    CI18, 1754-1833 s since)."""
+    session.run(*PYTEST, "tests/integration/role_modules", *session.posargs, external=True)
 
 
 @nox.session(python=False, tags=["full"])

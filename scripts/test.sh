@@ -37,7 +37,7 @@ LANES=(checks engine fleet etcd patroni)
 declare -A LANE_SESSIONS=(
   [checks]="matrix sanity units lint lab-bare release"
   [engine]="integration"
-  [fleet]="lab-single"
+  [fleet]="lab-single role-modules"
   [etcd]="lab-etcd operations"
   [patroni]="lab-patroni modules"
 )

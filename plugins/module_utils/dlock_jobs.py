@@ -15,7 +15,7 @@ import datetime
 import math
 import re
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock import oncalendar, validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import ConfigError
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.options import OPTION_NAMES, LockOptions
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.slots import COARSE_CLOCK_SCHEMES, edge_uncertainty, slot_lead
@@ -32,16 +32,6 @@ SCHEDULE = re.compile(r"[A-Za-z0-9 _*:,./~+-]+")
 CRON_SHORTHANDS = {"@hourly": "hourly", "@daily": "daily", "@midnight": "daily", "@weekly": "weekly",
                    "@monthly": "monthly", "@yearly": "yearly", "@annually": "yearly"}
 CRON_LINE = re.compile(r"[0-9*/,-]+(?: +[0-9*/,-]+){4}")  # five fields; an OnCalendar time has a ':'
-# systemd's calendar shorthands, as the expressions they stand for (systemd.time(7));
-# the names are case-insensitive, as systemd reads them.
-CALENDAR_SHORTHANDS = {"minutely": "*-*-* *:*:00", "hourly": "*-*-* *:00:00", "daily": "*-*-* 00:00:00",
-                       "weekly": "Mon *-*-* 00:00:00", "monthly": "*-*-01 00:00:00",
-                       "quarterly": "*-01,04,07,10-01 00:00:00", "semiannually": "*-01,07-01 00:00:00",
-                       "yearly": "*-01-01 00:00:00", "annually": "*-01-01 00:00:00"}
-WEEKDAYS = (("mon", "monday"), ("tue", "tuesday"), ("wed", "wednesday"), ("thu", "thursday"), ("fri", "friday"),
-            ("sat", "saturday"), ("sun", "sunday"))
-# One calendar component item: N, N..M, N/R or N..M/R (a list of them is comma-separated).
-CALENDAR_ITEM = re.compile(r"([0-9]{1,4})(?:\.\.([0-9]{1,4}))?(?:/([0-9]{1,4}))?")
 DIRECTIVE = re.compile(r"[A-Z][A-Za-z0-9]{1,63}")
 # Directives the role writes itself and that decide what runs, as whom and
 # how a run is judged: unit_settings may not replace or add to them.
@@ -195,42 +185,6 @@ def _latest_phase(schedule, width, field):
     return float(anywhere), anywhere > here
 
 
-def _calendar_values(text, low, high):
-    """The sorted values of one component of an OnCalendar expression (*, or a
-    comma list of N, N..M, N/R, N..M/R), or None for anything else (fractions
-    of a second, the last days of a month ~, values out of range)."""
-    if text == "*":
-        return list(range(low, high + 1))
-    values = set()
-    for item in text.split(","):
-        match = CALENDAR_ITEM.fullmatch(item)
-        if not match:
-            return None
-        first = int(match.group(1))
-        step = int(match.group(3) or 1)
-        last = int(match.group(2)) if match.group(2) else (high if match.group(3) else first)
-        # What systemd refuses (a repetition wider than the component's range,
-        # N/R repeated past its end: *:50/20) is left to systemd-analyze on the node.
-        if not low <= first <= last <= high or not 1 <= step <= high - low:
-            return None
-        if match.group(3) and not match.group(2) and first + step > high:
-            return None
-        values.update(range(first, last + 1, step))
-    return sorted(values)
-
-
-def _weekdays(text):
-    """The weekday numbers (0 = Monday) of a weekday list (Mon..Fri,Sun), or None."""
-    names = dict((name, number) for number, pair in enumerate(WEEKDAYS) for name in pair)
-    days = set()
-    for item in text.lower().split(","):
-        first, _sep, last = item.partition("..")
-        if first not in names or (last or first) not in names or names[first] > names[last or first]:
-            return None
-        days.update(range(names[first], names[last or first] + 1))
-    return days
-
-
 def _firing_days(weekdays, month_day):
     """The days (ordinals) a schedule fires on, over enough days to hold its
     smallest gap between two of them."""
@@ -255,23 +209,15 @@ def schedule_times(expression):
     time zone in lower case or None: the node's own), or None where the time
     words cannot be read (schedule_period's grammar for them). The date
     words (weekdays, days of the month, a year, ~) are not read."""
-    words = _schedule_words(expression)
+    words = oncalendar.words_of(expression)
     zone = None
-    if words and words[-1][:1].isalpha() and (len(words) > 1 or _weekdays(words[-1]) is None):
+    if words and words[-1][:1].isalpha() and (len(words) > 1 or oncalendar.weekdays(words[-1]) is None):
         zone = words.pop().lower()
     clock = [word for word in words if ":" in word]
     if len(clock) > 1:
         return None
-    times = _firing_times(clock)
+    times = oncalendar.firing_times(clock)
     return None if times is None else (times, zone)
-
-
-def _schedule_words(expression):
-    """The expression's words, a shorthand (hourly, daily...) spelt out."""
-    words = expression.split()
-    if words and words[0].lower() in CALENDAR_SHORTHANDS:
-        words = CALENDAR_SHORTHANDS[words[0].lower()].split() + words[1:]
-    return words
 
 
 def schedule_period(expression):
@@ -284,11 +230,11 @@ def schedule_period(expression):
     the last days of a month (~), fractions of a second. The gap is nominal,
     in the expression's own time: a daylight saving change that makes one
     local day 23 hours long does not make 'daily' a 23-hour period."""
-    words = _schedule_words(expression)
+    words = oncalendar.words_of(expression)
     if not words:
         return None
-    dates = _firing_dates(words)
-    times = None if dates is None else _firing_times(words)
+    dates = oncalendar.firing_dates(words)
+    times = None if dates is None else oncalendar.firing_times(words)
     if times is None:
         return None
     gaps = [later - earlier for earlier, later in zip(times, times[1:])]
@@ -305,11 +251,11 @@ def schedule_every(expression):
     that cannot be told from the expression (schedule_period's grammar). A
     job whose once_per is this gap expects a run in every slot: the runner
     counts a slot with none as missed (the job file's every_slot)."""
-    words = _schedule_words(expression)
+    words = oncalendar.words_of(expression)
     if not words:
         return None
-    dates = _firing_dates(words)
-    times = None if dates is None else _firing_times(words)
+    dates = oncalendar.firing_dates(words)
+    times = None if dates is None else oncalendar.firing_times(words)
     if times is None or dates[1] is not None:
         return None
     days = _firing_days(*dates)
@@ -322,49 +268,6 @@ def schedule_every(expression):
     gaps = set(later - earlier for earlier, later in zip(times, times[1:]))
     gaps.add(86400 - (times[-1] - times[0]))  # from the day's last firing to the next day's first
     return float(gaps.pop()) if every_days == 1 and len(gaps) == 1 else None
-
-
-def _firing_dates(words):
-    """The weekdays and the (months, days) that the date words of an
-    expression allow, taken off the front of `words`: (weekdays, None) when
-    every day of every month is; None where it cannot be told."""
-    weekdays = set(range(7))
-    if words and words[0][:1].isalpha():
-        weekdays = _weekdays(words.pop(0))
-        if weekdays is None:
-            return None
-    month_day = None
-    if words and "-" in words[0] and ":" not in words[0] and not words[0][:1].isalpha():
-        parts = words.pop(0).split("-")
-        if len(parts) == 3 and parts[0] != "*" or len(parts) not in (2, 3):
-            return None  # a year named: the schedule ends
-        months, days = _calendar_values(parts[-2], 1, 12), _calendar_values(parts[-1], 1, 31)
-        if months is None or days is None:
-            return None
-        if (months, days) != (list(range(1, 13)), list(range(1, 32))):
-            month_day = (months, days)
-    return weekdays, month_day
-
-
-def _firing_times(words):
-    """The sorted seconds of the day at which an expression fires, from the
-    time words left in `words` (a time zone last is dropped: the gaps stay
-    what the expression says); None where it cannot be told, or when other
-    words are left."""
-    clock = ["00", "00", "00"]
-    if words and ":" in words[0]:
-        clock = words.pop(0).split(":") + ["00"]
-        if len(clock) not in (3, 4):
-            return None
-    if words and words[-1][:1].isalpha():
-        words.pop()
-    if words:
-        return None
-    hours, minutes, seconds = (_calendar_values(clock[0], 0, 23), _calendar_values(clock[1], 0, 59),
-                               _calendar_values(clock[2], 0, 59))
-    if hours is None or minutes is None or seconds is None:
-        return None
-    return sorted(h * 3600 + m * 60 + s for h in hours for m in minutes for s in seconds)
 
 
 def _check_period(job, where, lock_options, schedule):

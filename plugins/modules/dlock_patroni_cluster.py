@@ -13,7 +13,8 @@ description:
   - Checks the Patroni cluster of the C(dlock.fleet.dlock_postgresql) role's HA mode and keeps its dynamic
     configuration, idempotently, through a member's REST API (Patroni 3.0), with Python's standard library only.
   - Waits until the cluster is healthy - every member of O(members) there and running, one of them the leader and,
-    with more than one member, one a synchronous standby (C(GET /cluster)).
+    with more than one member, one a synchronous standby (C(sync_standby), or C(quorum_standby) in quorum mode;
+    C(GET /cluster)).
   - Compares the dynamic configuration (C(GET /config)) with O(dcs) and sets what differs (C(PATCH /config)), then
     waits for health again, and until the cluster shows the new settings.
   - Restarts the members whose settings wait for a restart (C(POST /restart) with C(restart_pending)), one at a time,
@@ -64,9 +65,9 @@ EXAMPLES = r"""
     user: patroni
     password: "{{ patroni_restapi_password }}"
     dcs:
-      synchronous_mode: true
+      synchronous_mode: quorum
       synchronous_mode_strict: true
-      ttl: 30
+      ttl: 15
   run_once: true
 """
 
@@ -92,7 +93,7 @@ members:
       description: The member's name.
       type: str
     role:
-      description: Its role, such as C(leader), C(sync_standby), C(replica).
+      description: Its role, such as C(leader), C(sync_standby), C(quorum_standby), C(replica).
       type: str
     state:
       description: Its state, such as C(running), C(streaming).
@@ -114,6 +115,9 @@ from ansible_collections.dlock.fleet.plugins.module_utils.dlock_changes import C
 
 REQUEST_TIMEOUT = 10  # seconds per request
 RUNNING = ("running", "streaming")  # a member's state when it serves (3.0: running; later: streaming)
+# The roles of a standby a commit can wait for: synchronous_mode on (one
+# sync_standby), or quorum (Patroni 4: every standby of the quorum).
+SYNCHRONOUS_ROLES = ("sync_standby", "quorum_standby")
 
 
 class Api(object):
@@ -156,7 +160,7 @@ def problem(cluster, names, settled):
         return "no running leader"
     if [m for m in members if m.get("state") not in RUNNING]:
         return "a member is not running"
-    if len(members) > 1 and not [m for m in members if m.get("role") == "sync_standby"]:
+    if len(members) > 1 and not [m for m in members if m.get("role") in SYNCHRONOUS_ROLES]:
         return "no synchronous standby"
     if settled and [m for m in members if m.get("pending_restart")]:
         return "a member waits for a restart"

@@ -17,7 +17,8 @@ description:
     (the id already ran) or C(skipped_locked) (its run held the lock). Sent again with the same O(id), from this play
     or any node's C(dlock run-now), it does not run again for 7 days.
   - The job obeys its lock, its C(on_contention) and a pause (the backend's or the node's mirror, RV(result)
-    C(skipped_paused)), unless O(force). Its schedule is left alone.
+    C(skipped_paused)). With O(force) a pause does not refuse it, and it waits in line for a run that holds the lock
+    (up to the job's C(wait_timeout)) rather than skip; it never runs beside another run. Its schedule is left alone.
   - The task fails when the job ran and failed (RV(exit_code) is the job's), or the runner could not ask (the
     backend unreachable, the clock unsafe, a job that is not the node's).
 author:
@@ -42,7 +43,8 @@ options:
     type: str
   force:
     description:
-      - Run it although a pause refuses the job. Never although another run holds its lock.
+      - Run it although a pause refuses the job, and wait in line for a run that holds its lock (up to the job's
+        C(wait_timeout)) rather than skip. Never beside another run.
     type: bool
     default: false
   dlock_bin:

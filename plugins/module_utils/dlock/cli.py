@@ -262,8 +262,8 @@ def _add_run_now(sub, raw):
         description="Run the job once now, under its lock, in the foreground, as `dlock run` would, in a slot of its "
                     "own named by --id: sent again with the same id, from this node or any other, it does not run "
                     "again (exit 74) for 7 days. The job's own schedule and its slots are left as they are. While "
-                    "another run holds the lock, the job's on_contention applies (skip: exit 73; wait). A pause "
-                    "refuses it (72) unless --force.",
+                    "another run holds the lock, the job's on_contention applies (skip: exit 73; wait), unless "
+                    "--force, which waits in line (up to wait_timeout). A pause refuses it (72) unless --force.",
         epilog="examples:\n"
                "  dlock run-now nightly-report --reason 'INC-4211: rebuild the report'\n"
                "  dlock run-now nightly-report --id INC-4211    # from every node at once: it runs once\n"
@@ -273,7 +273,8 @@ def _add_run_now(sub, raw):
                             "one, printed; 1-100 letters, digits and _ . : @ -)")
     now_p.add_argument("--reason", metavar="TEXT", help="why (logged; required with --force)")
     now_p.add_argument("--force", action="store_true",
-                       help="run it although a pause refuses the job (never although another run holds its lock)")
+                       help="run it although a pause refuses the job, and wait for a run that holds its lock (up "
+                            "to wait_timeout) rather than skip: never beside another run")
     _backend_flags(now_p)
 
 

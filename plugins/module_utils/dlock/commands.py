@@ -9,7 +9,8 @@ import sys
 import time
 
 from . import clock, lockstate, report, validate
-from .backends import ALL_SCOPE, GROUP_SCOPE, group_scope, job_scope, open_backend, pause_scopes, scope_parts
+from .backends import (ALL_SCOPE, GROUP_SCOPE, group_scope, job_scope, log_pause, open_backend, pause_scopes,
+                       scope_parts)
 from .config import load_job_settings, load_settings
 from .errors import EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, BackendError, ConfigError, DlockError
 from .options import HISTORY_MAX
@@ -189,6 +190,12 @@ def _history_note(entry):
                                            entry.get("manual_reason") or "-"))
     if entry.get("rerun"):
         notes.append("rerun: %s" % entry.get("rerun_reason"))
+    if entry.get("blackout"):
+        notes.append("blackout: %s" % entry["blackout"])
+    if entry.get("catch_up"):
+        notes.append("caught up")
+    if entry.get("backfill"):
+        notes.append("backfill: %s" % (entry.get("backfill_reason") or "-"))
     if entry.get("unrecorded_before"):
         notes.append("%d entries of this node missing before it" % entry["unrecorded_before"])
     return "; ".join(notes) or "-"
@@ -342,8 +349,9 @@ def pause(args, flags):
     try:
         seconds = validate.pause_length(args.until, "--until", backend.server_time())
         paused = backend.pause(scope, args.reason, seconds, operator())
+        unlogged = log_pause(backend, scope, paused)
         report.log_line({"job": settings.job, "scope": scope, "result": "paused", "reason": paused.reason,
-                         "until": paused.until, "by": paused.by, "drain": args.drain})
+                         "until": paused.until, "by": paused.by, "drain": args.drain, "pause_log_error": unlogged})
         sys.stdout.write("paused %s until %s (%s on the backend's clock), by %s: %s\n"
                          % (scope, _utc(paused.until), format_duration(round(paused.until - paused.at)), paused.by,
                             paused.reason))
@@ -367,11 +375,12 @@ def resume(args, flags):
     backend = _open(settings)
     try:
         ended = backend.resume(scope)
+        unlogged = log_pause(backend, scope) if ended else None
     finally:
         backend.close()
     report.log_line({"job": settings.job, "scope": scope, "result": "resumed" if ended else "not_paused",
                      "reason": args.reason, "by": operator(),
-                     "pause_reason": ended.reason if ended else None})
+                     "pause_reason": ended.reason if ended else None, "pause_log_error": unlogged})
     sys.stdout.write("resumed %s (paused by %s: %s)\n" % (scope, ended.by, ended.reason) if ended
                      else "%s was not paused in the backend\n" % scope)
     _unmirror_here(settings, scope, ended is not None)

@@ -28,6 +28,10 @@ What is recorded:
     entries kept) judges nothing, and a fleet that is down as a whole is
     seen only once it runs again: only a heartbeat from outside sees it
     while it lasts;
+  - the slots of that gap that a blackout window covered (blackout.py) or
+    a pause (the backend's pause log, base.log_pause: the whole fleet was
+    down, so no node was refused) are recorded skipped_blackout and
+    skipped_paused, once each, and are neither missed nor caught up;
   - with the job's catch_up (options.check_catch_up) latest or all, the
     slots of that gap that ended within its window, the newest `max`, are not missed:
     the run caught them up (Runner._catch_up), each a run of its own whose
@@ -40,10 +44,12 @@ What is recorded:
 import time
 
 from . import report
+from .backends import PAUSE_LOG_KEEP, pause_scopes, paused_spans
 from .errors import DlockError
 from .slots import MANUAL_MARKER_TTL, run_id
+from .validate import PAUSE_LOG_KEY
 
-SKIPS_ONCE_PER_SLOT = ("skipped_paused", "skipped_locked")
+SKIPS_ONCE_PER_SLOT = ("skipped_paused", "skipped_blackout", "skipped_locked")
 # The newest entries a run reads to find the slot before its own (each slot
 # has at most a run, two skips and a missed entry), and the most missed
 # slots it records (a longer gap is counted whole, its newest recorded).
@@ -52,8 +58,8 @@ MAX_MISSED_RECORDED = 100
 NOT_RECORDED = ("skipped_duplicate", "rerun_refused", "backend_error", "clock_unsafe")
 # The log line's fields an entry carries, when the run has them.
 ENTRY_FIELDS = ("host", "owner", "fence", "run_id", "exit_code", "result", "holder", "paused",
-                "pause_reason", "pause_source", "rerun", "rerun_reason", "manual_id", "manual_reason", "forced",
-                "member")
+                "pause_reason", "pause_source", "blackout", "rerun", "rerun_reason", "manual_id", "manual_reason",
+                "forced", "catch_up", "backfill", "backfill_reason", "member")
 
 
 def entry_slot(entry):
@@ -135,6 +141,12 @@ class RunHistory(object):
             # most), a catching-up job's as long as its window.
             recent = slot.number - 2 if not settings.options.catches_up else slot.number - 1 - MAX_MISSED_RECORDED
             gap = [number for number in gap if number < recent or not backend.slot_claimed(settings.key, number)]
+            blacked_out = self._blacked_out_in(gap, slot)
+            gap = [number for number in gap if number not in blacked_out]
+            self._record_skips(backend, "skipped_blackout", sorted(blacked_out.items())[-MAX_MISSED_RECORDED:], slot)
+            paused = self._paused_in(backend, gap, slot.width)
+            gap = [number for number in gap if number not in paused]
+            self._record_skips(backend, "skipped_paused", sorted(paused.items())[-MAX_MISSED_RECORDED:], slot)
             self.catch_up_slots = self._to_catch_up(gap, slot.width)
             if self.catch_up_slots:
                 self.record["catching_up"] = len(self.catch_up_slots)
@@ -157,6 +169,44 @@ class RunHistory(object):
             return
         if missed:
             self.record["slots_missed"] = missed
+
+    @staticmethod
+    def _blacked_out_in(gap, slot):
+        """{slot: the window that blacked it out} for the slots of `gap` in a blackout window (blackout.py)."""
+        if slot.blackout_of is None:
+            return {}
+        windows = dict((number, slot.blackout_of(number)) for number in gap)
+        return dict((number, {"blackout": window}) for number, window in windows.items() if window is not None)
+
+    def _paused_in(self, backend, gap, width):
+        """{slot: what paused it} for the slots of `gap` whose boundary a
+        pause of the job's scopes covered, from the backend's pause log
+        (base.log_pause): no node was there to be refused (the fleet was
+        down), yet the slot was paused. Read only when there is a gap."""
+        if not gap:
+            return {}
+        scopes = pause_scopes(self.settings.key, self.settings.groups)
+        spans = paused_spans(backend.read_history(PAUSE_LOG_KEY, PAUSE_LOG_KEEP), scopes)
+        paused = {}
+        for number in gap:
+            pause = next((entry for start, end, entry in spans if start <= number * width < end), None)
+            if pause is not None:
+                paused[number] = {"paused": pause["scope"], "pause_reason": pause.get("reason"),
+                                  "pause_source": "pause log"}
+        return paused
+
+    def _record_skips(self, backend, result, skipped, slot):
+        """Slots of a gap that were skipped, not missed (a blackout window or
+        a pause covered them): never caught up; each recorded `result` once,
+        as a node refused at its grant would have. `skipped`: [(slot, the
+        entry's fields that say why)]."""
+        settings = self.settings
+        for number, why in skipped:
+            entry = dict(why, result=result, slot=number, run_id=run_id(settings.job, number, slot.width, None),
+                         host=self.record.get("host"), found_by=self.record.get("owner"),
+                         finished_at=round(time.time(), 3))
+            backend.add_history(settings.key, entry, settings.options.history, "%s@%d" % (result, number),
+                                slot.marker_ttl)
 
     def write_mirrored_pause(self, result, code, slot, open_backend):
         """A run the node's mirror refused never opened the backend: the

@@ -9,6 +9,7 @@ clock_margin().
 """
 
 from . import validate
+from .blackout import check_blackout
 from .errors import (EXIT_BACKEND, EXIT_CLOCK, EXIT_CONFIG, EXIT_DUPLICATE, EXIT_LOCK_LOST, EXIT_LOCKED, EXIT_PAUSED,
                      ConfigError)
 from .validate import MAX_DURATION, format_duration
@@ -197,6 +198,8 @@ LOCK_OPTIONS = (
                                     "(default %d, at most %d; 0: none)" % (HISTORY_DEFAULT, HISTORY_MAX)}),
     # Job files and `defaults` only (a mapping).
     Option("catch_up", check_catch_up, None),
+    # The windows whose slots do not run (blackout.py); job files and `defaults` only (a list).
+    Option("blackout", check_blackout, None),
     # Merged over DEFAULT_EXIT_CODES; job files and `defaults` only.
     Option("exit_codes", check_exit_codes, None),
 )
@@ -237,6 +240,9 @@ class LockOptions(object):
         self.exit_codes.update(parsed.get("exit_codes") or {})
         self.check_budget()
         self.check_catch_up()
+        if self.blackout is not None and self.once_per is None:
+            raise ConfigError("blackout: a window blacks out slots, judged by their boundaries on the backend's "
+                              "clock (blackout.py); give the job once_per")
 
     @property
     def wall_clock(self):

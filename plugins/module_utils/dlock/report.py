@@ -37,6 +37,12 @@ METRICS = (
      "had written that slot's skip; failed: not written, the run unchanged)."),
     ("dlock_history_unrecorded", "gauge",
      "Entries of the job's history this node could not write since its last one that was written."),
+    ("dlock_skipped_total", "counter",
+     "Runs of the job on this node that did not run it, by reason (locked: another run held the lock; "
+     "duplicate: the slot was done; paused; blackout: the slot is in a blackout window)."),
+    ("dlock_catch_up_runs_total", "counter",
+     "Runs of missed slots of the job on this node, by kind (catch_up: found by a run after a gap, the job's "
+     "catch_up; backfill: dlock backfill), whatever their result (dlock_runs_total has it)."),
     ("dlock_slots_missed_total", "counter",
      "Slots of the job's schedule that elapsed with no run, no skip and no pause recorded in the fleet-wide "
      "history, found by this node's runs (each slot is counted by one node: sum over the nodes)."),
@@ -45,7 +51,8 @@ METRICS = (
     ("dlock_last_run_duration_seconds", "gauge", "Wall time of the last run, lock handling included."),
     ("dlock_last_exit_code", "gauge", "Exit code of the last run of the runner."),
     ("dlock_last_paused_timestamp_seconds", "gauge",
-     "Unix time at which a pause last refused a run of the job on this node: that slot was skipped, not missed."),
+     "Unix time at which a pause or a blackout window last refused a run of the job on this node: that slot was "
+     "skipped, not missed."),
     ("dlock_lock_held", "gauge", "1 while this node holds the job's lock."),
     ("dlock_lock_age_seconds", "gauge", "Age of the lease this node holds (0 when it holds none)."),
     ("dlock_fencing_token", "gauge", "Fencing token of this node's last grant of the lock."),
@@ -53,8 +60,11 @@ METRICS = (
     ("dlock_lease_overrun_seconds", "gauge",
      "How far past its lease's earliest expiry the last run's job ran unsupervised (runner stopped or paused); 0: not at all."),
 )
-RESULTS = ("success", "failed", "skipped_locked", "skipped_duplicate", "skipped_paused", "lock_lost", "backend_error",
-           "clock_unsafe", "rerun_refused")
+SKIP_REASONS = ("locked", "duplicate", "paused", "blackout")
+CATCH_UP_KINDS = ("catch_up", "backfill")
+SKIPPED = "skipped_"  # a result that did not run the job: SKIPPED + its reason
+RESULTS = ("success", "failed") + tuple(SKIPPED + reason for reason in SKIP_REASONS) + (
+    "lock_lost", "backend_error", "clock_unsafe", "rerun_refused")
 # The release's outcome (Runner._release), the log line's `release`:
 # released, not_ours (the backend answered: the lease was no longer ours),
 # or one the backend did not confirm, which is counted.
@@ -67,6 +77,8 @@ HISTORY_OUTCOMES = ("written", "already_recorded", "failed")
 COUNTERS = {"dlock_runs_total": ("result", RESULTS),
             "dlock_releases_unconfirmed_total": ("outcome", RELEASE_UNCONFIRMED),
             "dlock_history_writes_total": ("outcome", HISTORY_OUTCOMES),
+            "dlock_skipped_total": ("reason", SKIP_REASONS),
+            "dlock_catch_up_runs_total": ("kind", CATCH_UP_KINDS),
             "dlock_slots_missed_total": (None, (None,))}
 _COUNTER_LINE = re.compile(r'^(dlock_[a-z_]+_total)\{job="[^"]*"(?:,([a-z_]+)="([a-z_]+)")?\} (\d+)$')
 METRICS_LOCK_SECONDS = 2.0
@@ -155,10 +167,11 @@ def read_gauges(directory, job):
     return _gauges(_read_previous(metrics_path(directory, job)))
 
 
-def write_metrics(directory, job, gauges, result=None, release=None, history=None, missed=0):
+def write_metrics(directory, job, gauges, result=None, release=None, history=None, missed=0, catch_up=None):
     """Update the job's file: count `result` (if given), the release's
     outcome `release` if the backend did not confirm it, the history
-    write's outcome `history` and the `missed` slots the run found, and set
+    write's outcome `history`, the `missed` slots the run found and, for
+    the run of a missed slot, its kind `catch_up` (CATCH_UP_KINDS), and set
     the gauges given.
 
     The directory's flock serialises two runners of one job on one node."""
@@ -171,6 +184,10 @@ def write_metrics(directory, job, gauges, result=None, release=None, history=Non
         previous.update((k, v) for k, v in gauges.items() if v is not None)
         if result is not None:
             counts["dlock_runs_total"][result] = counts["dlock_runs_total"].get(result, 0) + 1
+            if result.startswith(SKIPPED) and result[len(SKIPPED):] in SKIP_REASONS:
+                counts["dlock_skipped_total"][result[len(SKIPPED):]] += 1
+            if catch_up in CATCH_UP_KINDS:
+                counts["dlock_catch_up_runs_total"][catch_up] += 1
         if release in RELEASE_UNCONFIRMED:
             counts["dlock_releases_unconfirmed_total"][release] += 1
         counts["dlock_slots_missed_total"][None] += missed

@@ -15,6 +15,7 @@ import time
 
 from . import clock, report
 from .backends import Slot, open_backend, pause_scopes
+from .blackout import Blackout
 from .deadline import LeaseDeadline, now
 from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError, OutcomeUnknown
 from .history import RunHistory
@@ -31,12 +32,13 @@ def backend_of(settings):
                         settings.fence_epoch)
 
 
-def acquire(backend, key, owner, options, slot, pauses=()):
+def acquire(backend, key, owner, options, slot, pauses=(), wait_for_holder=False):
     """(grant, attempts, deadline.now() when the granting request was sent):
     the boot-time clock the lease deadlines are judged on. A pause of one of
     the scopes `pauses` (base.pause_scopes: the job's key, its groups, every
-    key) refuses the grant."""
-    wait = options.wait_timeout if options.on_contention == "wait" else 0
+    key) refuses the grant. `wait_for_holder`: wait in line for a run that
+    holds the lock (up to wait_timeout) whatever the job's on_contention."""
+    wait = options.wait_timeout if options.on_contention == "wait" or wait_for_holder else 0
     return acquire_waiting(backend, key, owner, options.ttl, slot, wait, clock=now, pauses=pauses)
 
 
@@ -74,6 +76,12 @@ class RunReport(object):
         report.log_line(self.record, self.stderr)
         self.write_metrics(result, code, started_wall)
 
+    def _catch_up_kind(self):
+        """report.CATCH_UP_KINDS: the run of a missed slot, found by a run or backfilled; None for any other."""
+        if self.settings.backfill:
+            return "backfill"
+        return "catch_up" if self.settings.catch_up_slot is not None else None
+
     def write_metrics(self, result=None, code=None, started_wall=None):
         """The job's metrics; with no result, those of a lease just granted."""
         settings = self.settings
@@ -83,13 +91,13 @@ class RunReport(object):
             self.gauges.update(dlock_lock_held=0, dlock_lock_age_seconds=0, dlock_last_exit_code=code,
                                dlock_last_run_timestamp_seconds=round(time.time(), 3),
                                dlock_last_run_duration_seconds=round(time.time() - started_wall, 3))
-        if result == "skipped_paused":
-            # DlockJobNotRun counts a job's silence from here, not from its last run before the pause.
+        if result in ("skipped_paused", "skipped_blackout"):
+            # DlockJobNotRun counts a job's silence from here, not from its last run before the pause or window.
             self.gauges["dlock_last_paused_timestamp_seconds"] = round(time.time(), 3)
         try:
             # The release's outcome is in the record by the run's end (none at the grant).
             report.write_metrics(settings.metrics_dir, settings.job, self.gauges, result, self.record.get("release"),
-                                 self.record.get("history"), self.record.get("slots_missed", 0))
+                                 self.record.get("history"), self.record.get("slots_missed", 0), self._catch_up_kind())
         except (IOError, OSError) as exc:
             report.log_line({"job": settings.job, "key": settings.key, "result": "metrics_error",
                              "error": "cannot write metrics in %s: %s" % (settings.metrics_dir, exc)},
@@ -180,19 +188,29 @@ class Runner(object):
             return Slot(manual_slot_number(self.settings.manual), MANUAL_MARKER_TTL)
         if self.settings.rerun is not None:
             # The slot named: the backend grants it only if it may be rerun (base.rerun_refusal).
-            return Slot(self.settings.rerun, marker_ttl(once_per), once_per, rerun=True, lead=self._slot_lead())
+            return Slot(self.settings.rerun, marker_ttl(once_per), once_per, rerun=True, lead=self._slot_lead(),
+                        blackout_of=self._blackout_of())
         window = self.options.catch_up["window"] if self.options.catches_up else None
         if self.settings.catch_up_slot is not None:
             # A past slot, its number as given: granted only while no marker
             # says it ran or is claimed (as a run-now's), its marker then
             # living as long as a catch-up may ask for it (a backfill's, as a run-now's).
             ttl = MANUAL_MARKER_TTL if self.settings.backfill else marker_ttl(once_per, window)
-            return Slot(self.settings.catch_up_slot, ttl)
+            return Slot(self.settings.catch_up_slot, ttl, blackout_of=self._blackout_of())
         if once_per:
             # An estimate: the backend decides the slot on its clock at grant time.
             number = slot_number(time.time() + offset, once_per, self._slot_lead())
-            return Slot(number, marker_ttl(once_per, window), once_per, lead=self._slot_lead())
+            return Slot(number, marker_ttl(once_per, window), once_per, lead=self._slot_lead(),
+                        blackout_of=self._blackout_of())
         return None
+
+    def _blackout_of(self):
+        """The job's blackout rule for its slots (base.Slot.blackout_of), None without windows."""
+        if not self.options.blackout:
+            return None
+        windows = Blackout(self.options.blackout)
+        width = self.options.once_per
+        return lambda number: windows.of_slot(number, width)
 
     def _slot_lead(self):
         return slot_lead(self.options.once_per, self.options.max_clock_skew)
@@ -201,9 +219,11 @@ class Runner(object):
         """(grant, the boot-time clock when the granting request was sent), the
         attempts, the wait and the answering member in the report."""
         asked = time.monotonic()
-        # A run-now with --force is not refused by a pause (the operator said why: hand_fields).
+        # A run-now with --force is not refused by a pause (the operator said why: hand_fields), and
+        # waits in line for a run that holds the lock rather than skip: forced, never beside another run.
         pauses = () if self.settings.forced else pause_scopes(self.settings.key, self.settings.groups)
-        grant, attempts, sent = acquire(backend, self.settings.key, self.owner, self.options, slot, pauses)
+        grant, attempts, sent = acquire(backend, self.settings.key, self.owner, self.options, slot, pauses,
+                                        wait_for_holder=self.settings.forced)
         if slot is not None and self.settings.manual is None:  # a run-now's: its manual_id
             self.record["slot"] = slot.number
         self.record.update(attempt=attempts, wait_ms=int((time.monotonic() - asked) * 1000))
@@ -218,6 +238,9 @@ class Runner(object):
         self.record["holder"] = grant.holder.owner if grant.holder else None
         if grant.status == "paused":
             return self._paused(grant.pause, "backend")
+        if grant.status == "blackout":
+            self.record["blackout"] = grant.window
+            return self._exit("paused"), "skipped_blackout"
         if slot is not None and slot.rerun and grant.status != "locked":
             return self._rerun_refused(grant.status, slot)
         if grant.status == "duplicate":
@@ -313,7 +336,8 @@ def backfill(settings, slots, out, stderr=None):
     """`dlock backfill`: each of `slots` (past slot numbers, oldest first) a
     run of its own, as a catch-up's (Runner._slot), but for those the
     history shows a success of; a line on `out` for each, then the count.
-    Exit 0 when none failed, else the first failure's code."""
+    Exit 0 when each slot ran, was done, or is in a blackout window (never
+    to run), else the first other one's code."""
     done = set()
     if settings.options.history:
         backend = backend_of(settings)
@@ -338,7 +362,7 @@ def backfill(settings, slots, out, stderr=None):
             result = runner.record.get("result")
         counts[result] = counts.get(result, 0) + 1
         out.write("%s  %s (exit %d)\n" % (named, result, code))
-        if outcome == 0 and result not in ("success", "done_before", "skipped_duplicate"):
+        if outcome == 0 and result not in ("success", "done_before", "skipped_duplicate", "skipped_blackout"):
             outcome = code or 1
     out.write("backfill %s: %d slots: %s\n" % (settings.job, len(slots), ", ".join(
         "%d %s" % (count, result) for result, count in sorted(counts.items()))))

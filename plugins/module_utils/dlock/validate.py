@@ -111,10 +111,18 @@ def job_name(value, field="job"):
                 "specially or escape", kind="job name")
 
 
+# A key the backends keep for themselves: the fleet's pause log
+# (backends/base.py, log_pause), a history of its own that no job may share.
+PAUSE_LOG_KEY = "pauses@dlock"
+
+
 def lock_key(value, field="key"):
-    return text(value, field, 200, LOCK_KEY,
-                "1-200 characters: letters, digits and _ . : @ -, starting with a letter or digit",
-                kind="lock key")
+    key = text(value, field, 200, LOCK_KEY,
+               "1-200 characters: letters, digits and _ . : @ -, starting with a letter or digit",
+               kind="lock key")
+    if key == PAUSE_LOG_KEY:
+        _fail(field, value, "is the key of the backend's pause log, which no job may use")
+    return key
 
 
 # The id of a run asked for by hand (`dlock run-now --id`, dlock_run_now):

@@ -78,6 +78,7 @@ TABLE = {
     "dlock_chrony_maxslewrate": number(1, 10000),
     "dlock_chrony_allow": items(network, max_items=256),
     "dlock_chrony_local_stratum": integer(0, 15),
+    "dlock_chrony_local_orphan": boolean,
     "dlock_chrony_container_mode": boolean,
     "dlock_chrony_wait_sync": boolean,
     "dlock_chrony_wait_sync_tries": integer(1, 100000),
@@ -97,6 +98,9 @@ def rules(values):
                                                       or int(values["dlock_chrony_local_stratum"]) > 0):
         yield ("dlock_chrony_servers, dlock_chrony_pools: no time source; set one of them (or, for a host that "
                "only serves its own clock, dlock_chrony_local_stratum)")
+    if values.get("dlock_chrony_local_orphan") is True and int(values.get("dlock_chrony_local_stratum", 1)) == 0:
+        yield ("dlock_chrony_local_orphan: needs dlock_chrony_local_stratum (orphan mode is a way of serving the "
+               "local clock)")
     if values.get("dlock_chrony_slew_only") is True:
         for line in values.get("dlock_chrony_extra_config") or ():
             if line.split()[:1] in (["makestep"], ["maxslewrate"], ["initstepslew"]):

@@ -39,6 +39,8 @@ TABLE = {
     "dlock_etcd_address": address,
     "dlock_etcd_client_port": port,
     "dlock_etcd_peer_port": port,
+    # 0: no metrics listener.
+    "dlock_etcd_metrics_port": integer(0, 65535),
     "dlock_etcd_data_dir": path,
     "dlock_etcd_initial_cluster_state": choice("new", "existing"),
     "dlock_etcd_initial_cluster_token": pattern(ETCD_NAME, "letters, digits and _ . -, not starting with . or -", 64,
@@ -77,8 +79,12 @@ def rules(values):
     if passwords[0] and passwords[0] == passwords[1]:
         yield "dlock_etcd_password: must differ from dlock_etcd_root_password"
     yield from _account_rules(values)
-    if "dlock_etcd_client_port" in values and values.get("dlock_etcd_client_port") == values.get("dlock_etcd_peer_port"):
-        yield "dlock_etcd_client_port and dlock_etcd_peer_port must differ"
+    ports = [(name, values[name]) for name in ("dlock_etcd_client_port", "dlock_etcd_peer_port",
+                                               "dlock_etcd_metrics_port") if values.get(name)]
+    for index, (name, number) in enumerate(ports):
+        for other, other_number in ports[index + 1:]:
+            if int(number) == int(other_number):
+                yield "%s and %s must differ (both %s)" % (name, other, number)
     heartbeat, election = values.get("dlock_etcd_heartbeat_interval"), values.get("dlock_etcd_election_timeout")
     if heartbeat is not None and election is not None and int(election) < 5 * int(heartbeat):
         yield ("dlock_etcd_election_timeout: %s ms is less than 5 times dlock_etcd_heartbeat_interval (%s ms): "

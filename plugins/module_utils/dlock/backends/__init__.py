@@ -1,8 +1,9 @@
 """Backend selection by URL; drivers are imported only for the backend in use."""
 
 from ..validate import SCHEMES, backend_url
-from .base import (ALL_SCOPE, GROUP_SCOPE, Backend, Grant, LockView, Pause, Slot,  # noqa: F401  (re-exported)
-                   group_scope, job_scope, pause_path, pause_scopes, scope_parts, validate_key)
+from .base import (ALL_SCOPE, GROUP_SCOPE, PAUSE_LOG_KEEP, Backend, Grant, LockView, Pause,  # noqa: F401
+                   Slot, group_scope, job_scope, log_pause, pause_path, pause_scopes, paused_spans,  # (re-exported)
+                   scope_parts, validate_key)
 from .epoch import with_epoch
 
 

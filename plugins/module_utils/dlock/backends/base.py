@@ -65,7 +65,7 @@ class Slot(object):
     backend's atomic grant step: the marker then names the new owner, its
     expiry unchanged."""
 
-    def __init__(self, number, marker_ttl, width=None, rerun=False, lead=0.0):
+    def __init__(self, number, marker_ttl, width=None, rerun=False, lead=0.0, blackout_of=None):
         if rerun and width is None:
             raise ValueError("a rerun's slot needs its width: whether it has begun is judged on it")
         self.number = number
@@ -73,6 +73,15 @@ class Slot(object):
         self.width = width
         self.rerun = rerun
         self.lead = lead
+        self.blackout_of = blackout_of
+
+    @property
+    def blackout(self):
+        """The window that blacks this slot out (blackout.py), or None. A
+        function of the number alone: the grant refuses the slot, 'blackout',
+        only once the backend's clock says it is the slot open (each backend
+        checks the number first, and asks again with its own when it differs)."""
+        return self.blackout_of(self.number) if self.blackout_of is not None else None
 
     def number_at(self, server_now):
         """The number of the slot open at `server_now` (backend seconds)."""
@@ -136,16 +145,18 @@ class LockView(object):
 
 
 class Grant(object):
-    """Answer to an acquire: status is 'granted', 'locked', 'duplicate' or
-    'paused'; a rerun's also 'future' or 'unknown' (rerun_refusal). A
-    duplicate's holder names the owner of the slot's marker
-    (slots.marker_owner); a paused one's `pause` is the Pause that refused it."""
+    """Answer to an acquire: status is 'granted', 'locked', 'duplicate',
+    'paused' or 'blackout'; a rerun's also 'future' or 'unknown'
+    (rerun_refusal). A duplicate's holder names the owner of the slot's
+    marker (slots.marker_owner); a paused one's `pause` is the Pause that
+    refused it; a blacked-out one's `window` the window (Slot.blackout)."""
 
-    def __init__(self, status, fence=None, holder=None, pause=None):
+    def __init__(self, status, fence=None, holder=None, pause=None, window=None):
         self.status = status
         self.fence = fence
         self.holder = holder
         self.pause = pause
+        self.window = window
 
     @property
     def granted(self):
@@ -275,6 +286,54 @@ def history_entry(text):
     except ValueError:
         entry = None
     return entry if isinstance(entry, dict) else {"result": "unreadable", "record": str(text)[:200]}
+
+
+# The fleet's pause log: each pause made and ended, kept by the backend as a
+# history of its own (under validate.PAUSE_LOG_KEY, which no job may use),
+# so that the run that finds a gap in its job's history after the whole
+# fleet was down can tell which of those slots a pause covered: no node was
+# there to be refused, yet they were paused, so skipped, never missed nor
+# caught up (history.py). Written after the pause, outside it: a log that
+# cannot be written never undoes a pause.
+PAUSE_LOG_KEEP = HISTORY_MAX
+
+
+def log_pause(backend, scope, pause=None):
+    """Record that `scope` was paused (`pause`, the Pause the backend stored)
+    or resumed (None: now, on the backend's clock). None when written, else
+    why not (the pause or resume stands either way)."""
+    try:
+        if pause is not None:
+            entry = {"result": "paused", "scope": scope, "at": pause.at, "until": pause.until,
+                     "reason": pause.reason, "by": pause.by}
+        else:
+            entry = {"result": "resumed", "scope": scope, "at": backend.server_time()}
+        backend.add_history(validate.PAUSE_LOG_KEY, entry, PAUSE_LOG_KEEP)
+    except DlockError as exc:
+        return str(exc)
+    return None
+
+
+def paused_spans(entries, scopes):
+    """[(start, end, the pause's entry)]: how long pauses of `scopes` lasted,
+    from the pause log's `entries` (newest first, as read_history gives
+    them). A pause ends at its until, or earlier when its scope was resumed
+    or paused again (the new pause then replaces it)."""
+    spans, ended = [], {}
+    for entry in entries:
+        scope, at = entry.get("scope"), entry.get("at")
+        if scope not in scopes or not _moment(at):
+            continue
+        if entry.get("result") == "paused" and _moment(entry.get("until")):
+            end = min(entry["until"], ended.get(scope, entry["until"]))
+            if end > at:
+                spans.append((at, end, entry))
+        ended[scope] = at
+    return spans
+
+
+def _moment(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def history_keep(keep):

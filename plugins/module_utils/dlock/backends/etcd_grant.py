@@ -92,6 +92,7 @@ class EtcdGrant(object):
         self.line = line
         self.min_ttl = min_ttl
         self.leases = leases
+        self._try_started = None  # time.monotonic() at the start of the try in progress (_try)
 
     def acquire(self, key, owner, ttl, slot=None, pauses=()):
         """The grant, with the once-per slot checked on the member's clock:
@@ -108,7 +109,10 @@ class EtcdGrant(object):
 
     def _try(self, key, owner, ttl, slot, pauses):
         """A Grant, or None to try again (the slot moved, or a rerun's marker changed)."""
+        self._try_started = time.monotonic()
         seen = None
+        if slot is not None and not slot.rerun and slot.blackout is not None:
+            return self._blacked_out(key, owner, ttl, slot, pauses)
         waiter = self.line.waits(key, owner)
         if waiter and not self.line.first_try_after_wake(key):
             # A waiter: most of its tries are refused; its read says so and
@@ -122,6 +126,8 @@ class EtcdGrant(object):
             seen = self._rerun_marker(key, slot)
             if isinstance(seen, Grant):
                 return seen
+            if slot.blackout is not None:
+                return self._blacked_out(key, owner, ttl, slot, pauses)
         elif not waiter:
             # The grant's compares, read-only: when they fail (the lock is
             # held, the slot done, a pause on: what most tries of a fleet
@@ -140,13 +146,52 @@ class EtcdGrant(object):
             # Granted outside the slot's window on the member's clock (a delayed
             # grant): undo it (revoking the leases deletes both keys), ask again.
             txn.revoke(self.gateway)
-            slot.number = slot.number_at(answered + 0.5)
+            self._slot_at_next_answer(slot, answered)
             return None
         if answer.get("succeeded"):
             self.leases[(key, owner)] = txn.lease
             self.line.forget(key, owner)  # the transaction deleted our ticket (EtcdLine.granted)
             return Grant("granted", fence=revision)  # the lock key's create_revision
         return self._refused(key, owner, slot, txn, answer, revision, answered)
+
+    def _slot_at_next_answer(self, slot, answered):
+        """Ask again for the slot open on the member's clock when the next
+        try's answer comes: the Date header's second (its middle) plus as
+        long as this try took. A slow leader makes every try long (each is
+        several round trips), and the next takes as long: asking for the
+        slot open at `answered` would find it over again."""
+        slot.number = slot.number_at(answered + 0.5 + (time.monotonic() - self._try_started))
+
+    def _blacked_out(self, key, owner, ttl, slot, pauses):
+        """The answer for a blacked-out slot (base.Slot.blackout), which
+        writes nothing: the grant's compares, read-only, whose pauses are the
+        answer first, as on every backend; else 'blackout' once the Date
+        header of that read says the slot is the one open on the member's
+        clock (None to ask again for the member's slot when it is another)."""
+        check = self._transaction(key, owner, ttl, slot, None, pauses, check_only=True)
+        answer, answered = self._send(check)
+        if not answer.get("succeeded"):
+            refusal = self._pause_refusal(check, answer, answered)
+            if refusal is not True:
+                return refusal
+        if slot.width is not None and not slot.rerun and not _in_window(slot, answered):
+            self._slot_at_next_answer(slot, answered)
+            return None
+        return Grant("blackout", window=slot.blackout)
+
+    def _pause_refusal(self, txn, answer, answered):
+        """For a transaction that failed its compares: the 'paused' Grant of
+        the pause that failed it, None to try again (the pause had ended: its
+        key is deleted), or True when no pause did."""
+        pause, paused = txn.pause(answer)
+        if pause is None:
+            return True
+        if overdue(pause, answered):
+            # Its lease outlived its end: a new leader starts every lease
+            # again at its full TTL. The record's end is the pause's end.
+            end_overdue(self.gateway, self.names.pause(pause.scope), paused)
+            return None
+        return Grant("paused", pause=pause)
 
     def _rerun_marker(self, key, slot):
         """The marker a rerun of slot may replace, or the refusal (a Grant):
@@ -229,14 +274,9 @@ class EtcdGrant(object):
             return Grant("granted", fence=held.create_revision)
         txn.revoke(self.gateway)
         self.line.saw_refused(key, revision)
-        pause, paused = txn.pause(answer)
-        if pause is not None:
-            if overdue(pause, answered):
-                # Its lease outlived its end: a new leader starts every lease
-                # again at its full TTL. The record's end is the pause's end.
-                end_overdue(self.gateway, self.names.pause(pause.scope), paused)
-                return None
-            return Grant("paused", pause=pause)
+        refusal = self._pause_refusal(txn, answer, answered)
+        if refusal is not True:
+            return refusal
         marker_kv = first_kv(answer["responses"][1]) if slot is not None else None
         if txn.rerun_marker is not None:
             if held is None and (marker_kv is None or marker_kv.mod_revision != txn.rerun_marker.mod_revision):
@@ -245,7 +285,7 @@ class EtcdGrant(object):
             if slot.width is not None and not _in_window(slot, answered):
                 # The marker of a slot that is over on the member's clock (an
                 # estimate made before its edge): ask for the member's slot.
-                slot.number = slot.number_at(answered + 0.5)
+                self._slot_at_next_answer(slot, answered)
                 return None
             return Grant("duplicate", holder=LockView(key, owner=marker_owner(marker_kv.value)))
         if held is None:  # free, but others came first

@@ -8,8 +8,10 @@ rerun rules), etcd_line.py (the line of waiters). EtcdBackend puts them
 together, and renews, releases and reads the lock.
 """
 
+import binascii
 import json
 import math
+import os
 import time
 
 from ..errors import BackendError, ConfigError, MissingDriver, OutcomeUnknown
@@ -119,7 +121,11 @@ class EtcdBackend(Backend):
         `keep` deleted: at most three requests, the last only when it is over."""
         keep = history_keep(keep)
         prefix = self.names.history(key)
-        name = prefix + ("once/%s" % once if once is not None else "run/%s" % entry.get("owner"))
+        # A run's entry is named by its owner token (one run, one entry); an
+        # entry of no run (the pause log's) by 64 random bits, or each would
+        # replace the one before.
+        name = prefix + ("once/%s" % once if once is not None else
+                         "run/%s" % (entry.get("owner") or "entry-" + binascii.hexlify(os.urandom(8)).decode()))
         put = {"request_put": {"key": b64(name), "value": b64(history_record(entry, once))}}
         compare = [] if once is None else [{"key": b64(name), "target": "CREATE", "create_revision": "0"}]
         if not self.gateway.txn(compare, [put], []).get("succeeded", False):

@@ -253,6 +253,8 @@ class FileBackend(Backend):
             # This host's clock is the backend's; read again under the lock
             # below, so a runner that waited for it claims the slot open then.
             slot.number = slot.number_at(time.time())
+        if slot is not None and not slot.rerun and slot.blackout is not None:
+            return self._unless_paused(pauses, Grant("blackout", window=slot.blackout))
         state = self._read_state(key)
         if slot is not None and not slot.rerun and state.get("slot") == slot.number:
             return self._unless_paused(pauses, Grant("duplicate", holder=self._holder(key, state, held=False)))
@@ -285,12 +287,16 @@ class FileBackend(Backend):
         state = self._read_state(key)  # now under the lock
         if slot is not None and slot.width is not None and not slot.rerun:
             slot.number = slot.number_at(time.time())
+            if slot.blackout is not None:  # the slot opened while this runner waited for the lock
+                return Grant("blackout", window=slot.blackout)
         if slot is not None and slot.rerun:
             refusal = self._rerun_refusal(state, slot)
             if refusal == "duplicate":
                 return Grant(refusal, holder=LockView(key, owner=marker_owner(_marker(state, slot)[0])))
             if refusal is not None:
                 return Grant(refusal, holder=self._holder(key, state, held=False) if refusal == "locked" else None)
+            if slot.blackout is not None:
+                return Grant("blackout", window=slot.blackout)
         elif slot is not None and (_marker(state, slot) is not None or state.get("slot") == slot.number):
             # Any live marker of the slot, not only the last slot granted:
             # a run-now's or a catch-up's slot is granted after the schedule's.

@@ -99,8 +99,12 @@ class PgAdvisoryBackend(PgBackend):
         statement refuses while a pause of `pauses` is live) and the slot
         claim in one transaction."""
         # A rerun is judged under the lock, in the transaction (_claim_slot).
-        if slot is not None and not slot.rerun and self._current_slot_owner(conn, key, slot):
-            return self._refusal_unless_paused(conn, key, slot, "duplicate", pauses)
+        if slot is not None and not slot.rerun:
+            done = self._current_slot_owner(conn, key, slot)  # slot.number: the server's slot now
+            if slot.blackout is not None:
+                return self._refusal_unless_paused(conn, key, slot, "blackout", pauses)
+            if done:
+                return self._refusal_unless_paused(conn, key, slot, "duplicate", pauses)
         if not conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_id(key),)).fetchone()[0]:
             return self._refusal_unless_paused(conn, key, slot, "locked", pauses)
         try:

@@ -9,7 +9,7 @@ import select
 import time
 
 from ..errors import BackendError, MissingDriver
-from ..slots import marker_owner, outcome_marker
+from ..slots import SLOT_TRIES, marker_owner, outcome_marker
 from ..validate import MAX_DURATION
 from .base import (Backend, Grant, LockView, Pause, endpoint, grant_not_counted, history_entry, history_keep,
                    history_record, lease_ms, pause_ms, rerun_refusal, scope_parts)
@@ -242,11 +242,15 @@ SLOT_NOW = ("floor((extract(epoch FROM clock_timestamp()) * 1000 + %(lead_ms)s::
             "/ %(width_ms)s::bigint)::bigint")
 
 # The slot claimed is decided here, on the server's clock, when a width is
-# given (else the slot given is claimed): (slot, claimed).
+# given (else the slot given is claimed): (slot, claimed). With %(exact)s (a
+# job with blackout windows) only the slot asked for, %(slot)s, is claimed,
+# and not while %(blackout)s says it is blacked out (base.Slot.blackout):
+# the caller asks again for the server's slot when it is another.
 CLAIM_SLOT = """
 WITH s AS (SELECT COALESCE(""" + SLOT_NOW + """, %(slot)s::bigint) AS slot),
      claim AS (INSERT INTO dlock_slot (key, slot, owner, expires_at)
                SELECT %(key)s, slot, %(owner)s, clock_timestamp() + %(marker_ms)s * interval '1 millisecond' FROM s
+                WHERE NOT %(exact)s OR (slot = %(slot)s::bigint AND NOT %(blackout)s)
                ON CONFLICT DO NOTHING RETURNING 1)
 SELECT slot, EXISTS (SELECT 1 FROM claim) FROM s
 """
@@ -471,10 +475,14 @@ class PgBackend(Backend):
         commit cannot be counted (CommitUnknown) is no grant (base.grant_not_counted):
         it is undone as far as possible and raised as a BackendError; a
         refusal would pass for "another owner holds the lock"."""
-        try:
-            return self.session.run(grant, write=True)
-        except CommitUnknown as exc:
-            raise grant_not_counted(exc, lambda: self._undo_grant(key, owner, slot))
+        for _try in range(SLOT_TRIES):
+            try:
+                answer = self.session.run(grant, write=True)
+            except CommitUnknown as exc:
+                raise grant_not_counted(exc, lambda: self._undo_grant(key, owner, slot))
+            if answer.status != "moved":
+                return answer
+        raise BackendError("postgresql: the slot kept moving during the grant of %s (once_per too short?)" % key)
 
     def _undo_grant(self, key, owner, slot):
         """Release a grant we do not count; True when something of it was ours.
@@ -517,8 +525,10 @@ class PgBackend(Backend):
     def _refusal(self, conn, key, slot, status, pause=None):
         if status == "paused":
             return Grant(status, pause=pause)
-        if status in ("future", "unknown"):  # a rerun refused
+        if status in ("future", "unknown", "moved"):  # a rerun refused; the slot to judge again (_grant)
             return Grant(status)
+        if status == "blackout":
+            return Grant(status, window=slot.blackout)
         holder = self._query(conn, key)
         if status == "duplicate":
             marker = self._slot_owner(conn, key, slot)
@@ -549,11 +559,20 @@ class PgBackend(Backend):
             refusal = rerun_refusal(slot.number, current, marker)
             if refusal is not None:
                 raise Refused(refusal)
+            if slot.blackout is not None:
+                raise Refused("blackout")
             params.update(marker=owner, expected=marker)
             return conn.execute(SET_SLOT_OWNER, params).rowcount == 1
         conn.execute(PRUNE_SLOTS, (key,))
-        params.update(owner=owner, marker_ms=lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION))
+        blacked_out = slot.blackout is not None
+        params.update(owner=owner, marker_ms=lease_ms(slot.marker_ttl, "once_per marker", 1.0, 1.5 * MAX_DURATION),
+                      exact=slot.blackout_of is not None, blackout=blacked_out)
+        asked = slot.number
         slot.number, claimed = conn.execute(CLAIM_SLOT, params).fetchone()
+        if slot.blackout_of is not None and slot.number != asked:
+            raise Refused("moved")  # judge the server's slot, and ask again
+        if blacked_out:
+            raise Refused("blackout")
         return claimed
 
     @staticmethod

@@ -83,7 +83,10 @@ end
 # current one (slots.py's slot_number on TIME), else the answer names it and
 # the caller asks again. The last ARGV counts the pause keys that end KEYS
 # (_pause_key): while any of them exists (they expire at their pause's end),
-# the grant is refused, 'paused' with that pause's record.
+# the grant is refused, 'paused' with that pause's record. ARGV[#ARGV - 1]
+# '1': the slot asked for, ARGV[5], is blacked out (base.Slot.blackout):
+# refused, 'blackout', once the server's slot is that one (a fixed slot's,
+# as given).
 # A free lock goes to the first live ticket in line, or to anyone when nobody
 # waits. ARGV[6] '1': a rerun of slot ARGV[5] (base.rerun_refusal's rule:
 # not in the future, a live marker that does not start with ARGV[7],
@@ -96,7 +99,7 @@ for i = #KEYS - pauses + 1, #KEYS do
   if pause then return {'paused', KEYS[i], pause} end
 end
 local marker = (#KEYS - pauses == 6) and KEYS[6] or nil
-local width = (#ARGV == 9) and tonumber(ARGV[4]) or nil
+local width = (#ARGV == 10) and tonumber(ARGV[4]) or nil
 local rerun = marker and ARGV[6] == '1'
 local current = width and math.floor((now + tonumber(ARGV[8])) / width)
 if rerun then
@@ -107,6 +110,7 @@ if rerun then
 elseif marker and width then
   if current ~= tonumber(ARGV[5]) then return {'moved', string.format('%d', current)} end
 end
+if marker and ARGV[#ARGV - 1] == '1' then return {'blackout'} end
 if marker and not rerun and redis.call('EXISTS', marker) == 1 then
   return {'duplicate', redis.call('GET', marker)}
 end
@@ -368,6 +372,8 @@ class RedisBackend(Backend):
             return Grant("duplicate", holder=LockView(key, owner=marker_owner(reply[1])))
         if status in ("future", "unknown"):  # a rerun refused
             return Grant(status)
+        if status == "blackout":
+            return Grant(status, window=slot.blackout)
         if status == "queued":  # free, but others came first
             return Grant("locked", holder=LockView(key, queued=int(reply[1]), server_time=int(reply[2]) / 1000.0))
         owner_, fence_, acquired_ms, pttl, now_ms = reply[1:6]
@@ -386,7 +392,8 @@ class RedisBackend(Backend):
                 args += [lease_ms(slot.width, "once_per"), slot.number, "1" if slot.rerun else "0", DONE,
                          int(round(slot.lead * 1000))]
         keys += [_pause_key(scope) for scope in pauses]
-        return self._script(ACQUIRE, keys, args + [len(pauses)])
+        blacked_out = "1" if slot is not None and slot.blackout else "0"
+        return self._script(ACQUIRE, keys, args + [blacked_out, len(pauses)])
 
     @staticmethod
     def _scope_of(pause_key, scopes):
