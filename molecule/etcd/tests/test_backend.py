@@ -57,7 +57,8 @@ def test_etcd_runs_with_the_documented_settings(host):
     environ = host.check_output("tr '\\0' '\\n' < /proc/%s/environ" % pid)
     for setting in ("ETCD_AUTO_COMPACTION_MODE=revision", "ETCD_AUTO_COMPACTION_RETENTION=10000",
                     "ETCD_QUOTA_BACKEND_BYTES=2147483648", "ETCD_HEARTBEAT_INTERVAL=100",
-                    "ETCD_ELECTION_TIMEOUT=1000", "ETCD_DATA_DIR=/var/lib/etcd/dlock"):
+                    "ETCD_ELECTION_TIMEOUT=1000", "ETCD_DATA_DIR=/var/lib/etcd/dlock",
+                    "ETCD_LISTEN_METRICS_URLS=http://%s:2381" % address(host)):
         assert setting in environ.splitlines(), setting
     assert "UNSAFE" not in environ.upper()
     assert "unsafe" not in host.check_output("ps -o args= -C etcd")
@@ -138,3 +139,23 @@ def test_client_and_peer_ports_speak_only_verified_tls(host):
     assert no_client_cert.get("error"), no_client_cert  # peers must present a certificate
     key = host.file(TLS_DIR + "/server.key")
     assert (key.user, key.mode) == ("etcd", 0o600)
+
+
+def test_the_metrics_port_serves_etcds_metrics_and_health_and_no_key(host):
+    """dlock_etcd_metrics_port (2381): etcd's own metrics in plain HTTP, for a
+    Prometheus without a certificate or a password. Among them the two disk
+    latencies the rules' DlockEtcdSlowWalFsync reads, already counting (every
+    write is fsynced, and the role has written); /health; and nothing of the
+    API: no key, no version, no auth."""
+    me = address(host)
+    metrics = probe(host, "http://%s:2381/metrics" % me)
+    assert metrics.get("status") == 200, metrics
+    samples = dict(line.rsplit(" ", 1) for line in metrics["body"].splitlines() if line and line[0] != "#")
+    assert float(samples["etcd_disk_wal_fsync_duration_seconds_count"]) > 0
+    assert 'etcd_disk_wal_fsync_duration_seconds_bucket{le="0.128"}' in samples
+    assert samples["etcd_server_has_leader"] == "1"
+    health = probe(host, "http://%s:2381/health" % me)
+    assert health.get("status") == 200 and json.loads(health["body"])["health"] == "true", health
+    for path in ("/v3/kv/range", "/version", "/v3/auth/status"):
+        refused = probe(host, "http://%s:2381%s" % (me, path))
+        assert refused.get("error") == "HTTPError" and "404" in refused["detail"], (path, refused)

@@ -82,36 +82,39 @@ def test_patroni_runs_and_debians_own_cluster_does_not(host):
     assert "%s:8008" % address(host) in listening and "0.0.0.0:8008" not in listening and "*:8008" not in listening
 
 
-def test_one_leader_and_a_synchronous_standby(host):
+def test_one_leader_and_a_quorum_of_standbys(host):
     seen = members(host)
     assert sorted(seen) == sorted(host.ansible.get_variables()["groups"]["dlock_backend"]), seen
     roles = sorted(role for role, _state in seen.values())
-    assert roles == ["Leader", "Replica", "Sync Standby"], seen
+    assert roles == ["Leader", "Quorum Standby", "Quorum Standby"], seen
     assert all(state in ("running", "streaming") for _role, state in seen.values()), seen
     # The REST API says the same, and this member knows its own part.
     status, body = api(host, "/cluster")
     assert status == 200, body
     cluster = json.loads(body)
-    assert sorted(m["role"] for m in cluster["members"]) == ["leader", "replica", "sync_standby"], cluster
+    assert sorted(m["role"] for m in cluster["members"]) == ["leader", "quorum_standby", "quorum_standby"], cluster
     mine = seen[host.backend.get_hostname()][0]
     in_recovery = sql(host, "SELECT pg_is_in_recovery()", "postgres")
     assert in_recovery == ("f" if mine == "Leader" else "t"), (mine, in_recovery)
 
 
-def test_every_commit_waits_for_the_synchronous_standby(host):
-    """The settings Patroni keeps in etcd, and what the leader does with them."""
+def test_every_commit_waits_for_one_standby_of_the_quorum(host):
+    """The settings Patroni keeps in etcd, and what the leader does with them:
+    a commit waits for any one of the two standbys (issue 24: one paused
+    standby stops nothing)."""
     status, body = api(host, "/config")
     assert status == 200, body
     settings = json.loads(body)
-    assert settings["synchronous_mode"] is True and settings["synchronous_mode_strict"] is True, settings
-    assert (settings["ttl"], settings["loop_wait"], settings["retry_timeout"]) == (30, 10, 10), settings
+    assert settings["synchronous_mode"] == "quorum" and settings["synchronous_mode_strict"] is True, settings
+    assert (settings["ttl"], settings["loop_wait"], settings["retry_timeout"]) == (15, 5, 5), settings
     seen = members(host)
     if seen[host.backend.get_hostname()][0] == "Leader":
-        [standby] = [name for name, (role, _state) in seen.items() if role == "Sync Standby"]
-        assert sql(host, "SHOW synchronous_standby_names", "postgres") == '"%s"' % standby
+        standbys = sorted(name for name, (role, _state) in seen.items() if role == "Quorum Standby")
+        names = sql(host, "SHOW synchronous_standby_names", "postgres")
+        assert names.startswith("ANY 1 (") and all('"%s"' % name in names for name in standbys), names
         assert sql(host, "SHOW synchronous_commit", "postgres") == "on"
-        assert sql(host, "SELECT application_name || ':' || sync_state FROM pg_stat_replication "
-                         "WHERE sync_state = 'sync'", "postgres") == "%s:sync" % standby
+        assert sql(host, "SELECT string_agg(application_name || ':' || sync_state, ',' ORDER BY application_name) "
+                         "FROM pg_stat_replication", "postgres") == ",".join("%s:quorum" % name for name in standbys)
 
 
 def etcdctl(host, user, password, command):
