@@ -5,6 +5,7 @@ both. PostgreSQL refuses to run as root, so it runs as the 'postgres' user
 that Debian's package creates.
 """
 
+import contextlib
 import os
 import pwd
 import random
@@ -427,3 +428,25 @@ class PostgresSyncPair(object):
     def stop(self):
         self.standby.stop()
         self.primary.stop()
+
+
+@contextlib.contextmanager
+def every_backend(prefix):
+    """The backends the benchmarks compare side by side, {name: URL}: a
+    3-member etcd, Redis, PostgreSQL and file:// in a directory of its own;
+    all stopped, and the directory removed, at the end."""
+    workdir = tempfile.mkdtemp(prefix=prefix)
+    started = []
+    try:
+        etcd = EtcdServer(members=3)
+        started.append(etcd)
+        redis_server = RedisServer()
+        started.append(redis_server)
+        pg = PostgresServer()
+        started.append(pg)
+        yield {"etcd (3 members)": etcd.url, "redis": redis_server.url, "postgresql": pg.url(),
+               "file": "file://%s/locks" % workdir}
+    finally:
+        for server in started:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -23,7 +23,8 @@ For each backend and rate it reports the grant's latency (the engine's
 acquire call: one round trip on Redis, a transaction on PostgreSQL, a lease
 grant and a transaction on etcd) p50 and p99; the server process's CPU
 time per grant (utime + stime from /proc, PostgreSQL's postmaster with all
-its children, less the probe's share measured alone beforehand); and beside
+its children, less the probe's share measured alone beforehand, on a new
+connection for the new-connection row); and beside
 them the bare driver's round trip on the same server, in the same step, by a
 probe that interleaves with the load (one pair of calls for every grant, at
 most 10 a second): redis-py SET NX PX + DEL, psycopg INSERT .. ON CONFLICT
@@ -32,7 +33,10 @@ engine's gateway uses). Then grant p99 / bare p99 (target, issue 26: at most
 3x at 1000 a minute), and the first rate at which the grant p99 is twice the
 lowest rate's. A last row per backend takes each grant on a new connection,
 as each `dlock run` process does (the engine connects in its first call):
-that is the grant a node's timer really waits for.
+that is the grant a node's timer really waits for. Its bare pair is on a new
+connection too (connect, the pair, close), so that its ratio compares like
+with like: a connection's own round trips (TCP, PostgreSQL's startup and
+SCRAM login, a fork on the server) are in both.
 
 PostgreSQL is one server: a Patroni trio needs the lab (tests/lab/), out of
 scope here; bench_lock.py measures a synchronous standby's price.
@@ -160,15 +164,16 @@ def cpu_of(root):
 class Bare(object):
     """The bare driver's pair of calls on one server, on key `bare-N`."""
 
-    def __init__(self, kind, server):
-        self.kind, self.number = kind, 0
+    def __init__(self, kind, server, number=0):
+        self.kind, self.server, self.number = kind, server, number
         if kind == "redis":
             self.client = server.client()
         elif kind == "postgresql":
             import psycopg
             self.client = psycopg.connect(server.url(), autocommit=True, prepare_threshold=None)
-            self.client.execute("CREATE TABLE IF NOT EXISTS bench_bare (key text PRIMARY KEY, owner text, "
-                                "expires_at timestamptz)")
+            if not number:  # the first: the table, once
+                self.client.execute("CREATE TABLE IF NOT EXISTS bench_bare (key text PRIMARY KEY, owner text, "
+                                    "expires_at timestamptz)")
         else:
             from etcd3gw.client import Etcd3Client
             self.client = Etcd3Client(host="127.0.0.1", port=server.client_ports[0], api_path="/v3/")
@@ -192,6 +197,19 @@ class Bare(object):
     def timed(self):
         started = time.perf_counter()
         self.pair()
+        return time.perf_counter() - started
+
+    def timed_fresh(self):
+        """The pair on a connection of its own, opened and closed around it:
+        what a process that runs one grant pays with the bare driver (the
+        'new conn' rows' comparison)."""
+        started = time.perf_counter()
+        other = Bare(self.kind, self.server, self.number + 1)
+        try:
+            other.pair()
+        finally:
+            other.close()
+        self.number = other.number
         return time.perf_counter() - started
 
     def close(self):
@@ -240,11 +258,12 @@ def idle_cost(backend, seconds=3.0):
     return (cpu_of(backend.pid) - before) / seconds
 
 
-def probe_cost(backend, bare, idle, pairs=300):
+def probe_cost(backend, bare, idle, pairs=300, fresh=False):
     """Server CPU of one bare pair, alone, above idle (subtracted from the
-    steps'), and the bare round trip on an otherwise idle server."""
+    steps'), and the bare round trip on an otherwise idle server; with
+    FRESH, of the pair on a new connection (the 'new conn' step's probe)."""
     before, started = cpu_of(backend.pid), time.monotonic()
-    times = [bare.timed() for _pair in range(pairs)]
+    times = [bare.timed_fresh() if fresh else bare.timed() for _pair in range(pairs)]
     took = time.monotonic() - started
     return max(0.0, cpu_of(backend.pid) - before - idle * took) / pairs, times
 
@@ -264,7 +283,7 @@ def step(backend, procs, bare, base, rate, seconds, offset, fresh):
         pause = due - time.time()
         if pause > 0:
             time.sleep(pause)
-        bare_times.append(bare.timed())
+        bare_times.append(bare.timed_fresh() if fresh else bare.timed())
         due += gap
     answers = [json.loads(proc.stdout.readline()) for proc in procs]
     idle, probe_cpu = base
@@ -291,12 +310,13 @@ def measure(kind, rates, seconds, workers):
         bare.timed()
         idle = idle_cost(backend)
         probe_cpu, alone = probe_cost(backend, bare, idle)
+        fresh_probe_cpu, _times = probe_cost(backend, bare, idle, pairs=100, fresh=True)
         rows, offset = [], 0
         for rate in rates:
             rows.append(step(backend, procs, bare, (idle, probe_cpu), rate, seconds, offset, False))
             offset += int(seconds * rate / 60.0)
         fresh_rate = TARGET_RATE if TARGET_RATE in rates else rates[-1]
-        rows.append(step(backend, procs, bare, (idle, probe_cpu), fresh_rate, seconds, offset, True))
+        rows.append(step(backend, procs, bare, (idle, fresh_probe_cpu), fresh_rate, seconds, offset, True))
         return {"idle_server_cpu_ms_per_s": idle * 1e3, "probe_server_cpu_us": probe_cpu * 1e6,
                 "bare_idle_p50_ms": percentile(alone, 0.5) * 1000, "bare_idle_p99_ms": percentile(alone, 0.99) * 1000,
                 "steps": rows}

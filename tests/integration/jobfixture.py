@@ -4,7 +4,8 @@
   beat FILE                 append the wall time every 20ms until killed
   fenced LEDGER             every 50ms try a write to a fencing-token ledger until killed
   env FILE                  dump the DLOCK_* environment as JSON
-  trap FILE                 on SIGTERM write "TERM" to FILE and exit 0 after 0.2s
+  trap FILE                 write "ready" to FILE once its handler is set; on SIGTERM write "TERM" to FILE
+                            and exit 0 after 0.2s
   stubborn FILE             append {"pid", "t"} every 20ms and {"term": t} on each SIGTERM, until SIGKILLed
   phases FILE SECONDS       append {"phase": "start"}, sleep SECONDS, append {"phase": "end"}, exit 0
   pidbeat FILE              append {"pid", "t"} every 20ms until killed (a process of a job's tree)
@@ -78,6 +79,8 @@ def main(mode, path, *rest):
             time.sleep(0.2)
             sys.exit(0)
         signal.signal(signal.SIGTERM, on_term)
+        with open(path, "w") as handle:  # a test's cue: a SIGTERM from now on is handled
+            handle.write("ready")
         while True:
             time.sleep(0.05)
     elif mode == "stubborn":

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from runner_proc import last_log, run_dlock, wait_for
 from test_lock_state_metrics import promtool_clean, value
-from test_pg_least_privilege import PASSWORD, provision
+from pg_access import PASSWORD, provision
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import open_backend
 

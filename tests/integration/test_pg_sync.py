@@ -70,11 +70,18 @@ def test_standby_down_no_grant_and_nothing_left_held(pg_sync, unique_key, scheme
             backend.acquire(unique_key, "owner-a", 30, slot)
         took = time.monotonic() - started
         assert OP_TIMEOUT <= took < OP_TIMEOUT + SLACK, took
-        assert "not known to be replicated to a synchronous standby" in str(err.value)
-        assert "what it wrote was released" in str(err.value)
-        # The row committed on the primary carries no owner: nobody waits for its TTL.
-        owner, fence, _left = lease_row(pg_sync.primary, unique_key)
-        assert owner is None and fence == 1
+        row = lease_row(pg_sync.primary, unique_key)
+        if "the outcome of the write is unknown" in str(err.value):
+            # The other way a loaded host (CI, once) ends it: the cancel sent
+            # at op_timeout got no answer either, and the connection was shut;
+            # the owner-checked release then found what was left, if anything.
+            assert "the grant is not counted and " in str(err.value)
+        else:
+            assert "not known to be replicated to a synchronous standby" in str(err.value)
+            assert "what it wrote was released" in str(err.value)
+            assert row is not None and row[1] == 1  # committed on the primary, then released
+        # No row on the primary carries an owner: nobody waits for its TTL.
+        assert row is None or row[0] is None, row
         if slot is not None:
             assert slot_owner(pg_sync.primary, unique_key, slot) is None
         assert backend.query(unique_key).owner is None
@@ -84,7 +91,8 @@ def test_standby_down_no_grant_and_nothing_left_held(pg_sync, unique_key, scheme
     other = open_backend(pg_sync.primary.url(scheme=scheme), op_timeout=OP_TIMEOUT)
     try:
         grant = other.acquire(unique_key, "owner-b", 30, slot)
-        assert grant.granted and grant.fence == 2  # grants resume once the standby is back
+        # Grants resume once the standby is back, above any fence written before.
+        assert grant.granted and grant.fence == (row[1] if row else 0) + 1
     finally:
         other.close()
 

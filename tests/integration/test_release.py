@@ -165,7 +165,8 @@ def test_tarball_holds_what_users_need_and_no_development_file(release):
     needed = {"README.md", "LICENSE", "meta/runtime.yml", "meta/execution-environment.yml", "requirements.txt",
               "bindep.txt", "plugins/module_utils/dlock/cli.py",
               "playbooks/site.yml", "playbooks/status.yml", "playbooks/break_lock.yml", "playbooks/pause.yml",
-              "playbooks/resume.yml", "playbooks/run_now.yml", "playbooks/history.yml"}
+              "playbooks/resume.yml", "playbooks/run_now.yml", "playbooks/history.yml",
+              "playbooks/backfill.yml"}
     needed |= {"plugins/modules/%s.py" % name for name in CONTROLLER_MODULES + NODE_MODULES}
     needed |= {"plugins/action/%s.py" % name for name in CONTROLLER_MODULES}
     needed |= {"roles/%s/README.md" % role for role in ROLES}
@@ -456,7 +457,8 @@ def test_job_entry_keys_are_documented_as_suboptions():
            "shell": False, "ttl": "5m", "renew_every": 60, "op_timeout": "2s", "kill_grace": "10s",
            "on_contention": "wait", "wait_timeout": "5m", "min_hold": 0, "once_per": "1d", "max_runtime": "1h",
            "max_clock_skew": "2s", "fail_open": False, "exit_codes": {"locked": 0}, "history": 100,
-           "catch_up": {"policy": "latest", "window": "1d"}}
+           "catch_up": {"policy": "latest", "window": "1d"},
+           "blackout": [{"calendar": "Sat,Sun 22:00", "duration": "8h"}]}
     assert sorted(job) == sorted(entry)
     with open(os.path.join(ROOT, "roles", "dlock_jobs", "meta", "argument_specs.yml")) as handle:
         spec = yaml.safe_load(handle)["argument_specs"]["main"]["options"]

@@ -250,8 +250,8 @@ def test_the_command_is_found_on_path_as_execvp_finds_it(tmp_path, unique_key):
 def test_sigterm_is_forwarded_and_lock_released(redis_server, unique_key, tmp_path):
     marker = str(tmp_path / "term")
     proc = start_dlock(*_args(redis_server.url, unique_key, "--", *JOB, "trap", marker))
-    wait_for(lambda: open_backend(redis_server.url).query(unique_key).owner is not None, 10, "the lock")
-    time.sleep(0.3)
+    wait_for(lambda: os.path.exists(marker) and open(marker).read() == "ready", 30, "the job's SIGTERM handler")
+    assert open_backend(redis_server.url).query(unique_key).owner is not None
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
     assert open(marker).read() == "TERM"

@@ -12,6 +12,10 @@
    the server's clock also stepped by 2 x max_clock_skew. That moment is
    bounded from below by the job itself: right after it starts it asks the
    server for the lease's PTTL, so expiry >= (time asked) + PTTL - 2 x skew.
+   The runner and its job run at nice -10 (as root): the clock margin's
+   100 ms of scheduling slack (docs/design.md) presumes a runner that gets a
+   CPU within it, and the suite's lanes keep both of CI's cores ~96% busy,
+   where a process at nice 0 waited longer once (CI of stop 39).
 """
 
 from __future__ import annotations
@@ -93,6 +97,14 @@ def frozen_redis():
     server.stop()
 
 
+def _prompt():
+    """Run before exec in the runner's process: a weight ~10x that of the
+    suite's other processes, so the CPU it waits for is the test's, not the
+    lanes'. Only root may raise it; elsewhere the runner keeps nice 0."""
+    if os.geteuid() == 0:
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
+
+
 def _readline(stream, timeout):
     ready = select.select([stream], [], [], timeout)[0]
     assert ready, "the job did not report within %ss" % timeout
@@ -140,9 +152,18 @@ def test_with_a_frozen_backend_the_job_is_dead_before_the_earliest_expiry(frozen
         assume(False)  # rounding to whole milliseconds broke the budget: not this option set
     flags = [item for name, text in as_flags.items() for item in ("--" + name.replace("_", "-"), text)]
     runner = start_dlock("run", "--job", "fence", "--key", key, "--backend", frozen_redis.url, *flags,
-                         "--", sys.executable, "-c", JOB, env={"HOSTILE_REDIS": frozen_redis.url})
+                         "--", sys.executable, "-c", JOB, env={"HOSTILE_REDIS": frozen_redis.url},
+                         preexec_fn=_prompt)
     try:
-        report = json.loads(_readline(runner.stdout, 30))
+        line = _readline(runner.stdout, 30)
+        if not line:
+            # The runner ended before its job started: its grant did not fit
+            # an op_timeout as short as 20 ms on a loaded host (CI, once), and
+            # it failed closed (exit 75). No run: nothing to check here.
+            code = runner.wait(timeout=30)
+            assert code == 75, "the runner exited %s before its job started (%s)" % (code, values)
+            assume(False)
+        report = json.loads(line)
         pidfd = os.pidfd_open(report["pid"])
         os.kill(frozen_redis.proc.pid, signal.SIGSTOP)
         try:

@@ -9,6 +9,8 @@ etcd: the Date header of the transaction's own answer; file: the host's
 clock), so a delayed grant claims the backend's current slot.
 """
 
+import time
+
 import pytest
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
@@ -103,3 +105,38 @@ def test_a_slot_window_opens_its_lead_before_the_boundary(two_clients, unique_ke
     assert b.acquire(unique_key, "owner-b", 5, next_open).granted
     assert next_open.number == number + 1
     assert b.release(unique_key, "owner-b")
+
+
+SLOW_REQUEST = 0.35  # each request to etcd this much late: a full try (4-5 requests) takes about 1.6s
+
+
+def test_on_a_slow_etcd_a_grant_asks_for_the_slot_open_when_its_answer_comes(etcd_server, unique_key, monkeypatch):
+    """A slow leader (issue 24): every request SLOW_REQUEST late, so a try
+    takes most of a 2s slot. Each grant starts from an estimate of the slot
+    before, so its first try always answers outside its window and asks
+    again. Asking for the slot open at that answer's Date would be over by
+    the next answer, again and again (SLOT_TRIES, then 'the slot kept
+    moving'); asking for the slot open when the next answer will come (the
+    Date plus as long as the try took) lands: every grant succeeds, in the
+    slot its answer came in."""
+    backend = open_backend(etcd_server.url)
+    gateway_post = backend.gateway.post
+
+    def slow_post(*args, **kwargs):
+        time.sleep(SLOW_REQUEST)  # the request's way to a slow leader
+        return gateway_post(*args, **kwargs)
+    try:
+        for number in range(3):
+            key = "%s-%d" % (unique_key, number)
+            monkeypatch.setattr(backend.gateway, "post", slow_post)
+            slot = Slot(_slot(backend) - 1, marker_ttl(WIDTH), WIDTH)
+            grant = backend.acquire(key, "owner", 5, slot)
+            monkeypatch.undo()
+            now = _slot(backend)
+            assert grant.granted, grant
+            # The slot open when its answer came: this one, or the one before
+            # if an edge passed since.
+            assert now - 1 <= slot.number <= now, (slot, now)
+            assert backend.release(key, "owner")
+    finally:
+        backend.close()

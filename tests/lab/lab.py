@@ -20,6 +20,7 @@ iproute2, and iptables for `delay`.
 
 import argparse
 import concurrent.futures
+import contextlib
 import errno
 import fcntl
 import glob
@@ -139,6 +140,12 @@ def run(argv, check=True, **kwargs):
     if check and r.returncode != 0:
         raise LabError(f"{shlex.join(argv)} exited {r.returncode}: {r.stderr.strip()}")
     return r
+
+
+def _netem_settings(argv):
+    """{ms, loss} of a delay helper from its command line (_netem NODE MS LOSS REPORT)."""
+    _node, ms, loss = argv[argv.index("_netem") + 1:][:3]
+    return {"ms": float(ms), "loss": float(loss)}
 
 
 def processes():
@@ -791,15 +798,20 @@ class Lab:
         This machine's kernel has no sch_netem, so tc netem is out: an iptables
         NFQUEUE rule in the node's namespace hands incoming packets to a helper
         (this file's `_netem` command) that holds them, then lets them through.
+        The helper runs in the real-time class and reports how punctual it was
+        (delay_report): a test checks that the delay it asked for is the one
+        the node got.
         """
         name = self.node(node)
         if not shutil.which("iptables"):
             raise LabError("delay needs iptables on the host: apt-get install iptables")
         self.undelay(name)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self._netem_report(name))  # a report of this delay's own, not of the last one
         with open(self._log(name), "ab") as log:
             helper = subprocess.Popen(
                 ["ip", "netns", "exec", name, sys.executable, os.path.abspath(__file__),
-                 "--prefix", self.prefix, "_netem", name, str(ms), str(loss)],
+                 "--prefix", self.prefix, "_netem", name, str(ms), str(loss), self._netem_report(name)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         ready = select.select([helper.stdout], [], [], 10)[0] and helper.stdout.readline()
         helper.stdout.close()
@@ -817,6 +829,19 @@ class Lab:
             run(["ip", "netns", "exec", name, "iptables", "-w", "-D", *rule])
         for pid, _argv in self._netem_helpers(name):
             os.kill(pid, signal.SIGKILL)
+
+    def _netem_report(self, name):
+        return os.path.join(self.state_dir, f"netem-{name}.json")
+
+    def delay_report(self, node):
+        """What the delay helper of the node measured of itself (netem's
+        REPORT): {delay_ms, packets, late_max_ms, late_p99_ms}; None before
+        it held any packet."""
+        try:
+            with open(self._netem_report(self.node(node))) as handle:
+                return json.load(handle)
+        except FileNotFoundError:
+            return None
 
     def _netem_helpers(self, name):
         return [(pid, argv) for pid, argv in processes()
@@ -945,7 +970,7 @@ class Lab:
             result.append({
                 **n, "pid": pid, "running": pid is not None,
                 "link": "missing" if link is None else ("up" if "UP" in link["flags"] else "down"),
-                "delay": None if not helpers else {"ms": float(helpers[0][1][-2]), "loss": float(helpers[0][1][-1])},
+                "delay": None if not helpers else _netem_settings(helpers[0][1]),
                 "memory_kib": node_memory_kib(name) if pid is not None else None,
             })
 
@@ -977,9 +1002,22 @@ NF_DROP, NF_ACCEPT = 0, 1
 NLM_F_REQUEST, NLM_F_ACK, NLMSG_ERROR = 1, 4, 2
 
 
-def netem(delay_ms, loss_pct, queue=0):
+def netem(delay_ms, loss_pct, report, queue=0):
     """Serve NFQUEUE `queue` in the current network namespace: drop loss_pct % of
-    the packets, release the others delay_ms after they arrived. Runs until killed."""
+    the packets, release the others delay_ms after they arrived. Runs until killed.
+
+    A helper in user space is only as punctual as the CPU lets it be: on a
+    loaded machine a helper at normal priority held packets for seconds, not
+    for delay_ms. So it runs SCHED_FIFO (the kernel's real-time class, which
+    ordinary processes cannot preempt; the kernel still keeps 5% of each
+    second for them), and it measures itself: the file REPORT (JSON, rewritten
+    every second while packets flow) holds how many packets it held and how
+    late past their due time it let them go, for a test to check the delay
+    it asked for is the delay it got (Lab.delay_report)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+    except OSError as exc:
+        sys.stderr.write(f"netem: stays at normal priority ({exc}): its delays may run late on a busy machine\n")
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
     sock.bind((0, 0))
@@ -1010,7 +1048,16 @@ def netem(delay_ms, loss_pct, queue=0):
                           NLM_F_REQUEST))
 
     pending = []  # heap of (release time, packet id)
+    late = []  # seconds past its due time that each released packet went
+    reported = time.monotonic()
     while True:
+        if late and time.monotonic() - reported >= 1.0:
+            reported = time.monotonic()
+            ordered = sorted(late)
+            with open(report + ".tmp", "w") as handle:
+                json.dump({"delay_ms": delay_ms, "packets": len(ordered), "late_max_ms": 1000 * ordered[-1],
+                           "late_p99_ms": 1000 * ordered[int(0.99 * (len(ordered) - 1))]}, handle)
+            os.replace(report + ".tmp", report)
         timeout = max(0.0, pending[0][0] - time.monotonic()) if pending else None
         if select.select([sock], [], [], timeout)[0]:
             try:
@@ -1033,7 +1080,9 @@ def netem(delay_ms, loss_pct, queue=0):
                         pos += (attr_len + 3) & ~3
                 offset += (length + 3) & ~3
         while pending and pending[0][0] <= time.monotonic():
-            verdict(heapq.heappop(pending)[1], NF_ACCEPT)
+            due, packet_id = heapq.heappop(pending)
+            verdict(packet_id, NF_ACCEPT)
+            late.append(time.monotonic() - due)
 
 
 # --------------------------------------------------------------------- CLI
@@ -1089,11 +1138,12 @@ def main(argv=None):
     p.add_argument("node")
     p.add_argument("ms", type=float)
     p.add_argument("loss", type=float)
+    p.add_argument("report")
 
     args = parser.parse_args(argv)
     try:
         if args.command == "_netem":
-            netem(args.ms, args.loss)
+            netem(args.ms, args.loss, args.report)
         lab = Lab(args.prefix, args.subnet)
         started = time.monotonic()
         if args.command == "build":

@@ -9,9 +9,12 @@ start line, the runner's own start (its log time less its duration) opens
 the run: earlier than the job, so any overlap still shows.
 """
 
+import calendar
 import collections
 import concurrent.futures
 import json
+import math
+import time
 
 START, END = "LEDGER_START ", "LEDGER "
 
@@ -39,12 +42,14 @@ def runs(lines):
     """The granted runs found in journal lines, one dict each: host, owner,
     fence, run_id, start, end (None while unknown: still running), result
     (the runner's, None until it logged), ended ('job' or 'runner': which
-    line gave the end)."""
+    line gave the end), logged (when the runner logged its result: after
+    its release)."""
     found = collections.OrderedDict()
 
     def run(owner, host):
         return found.setdefault(owner, {"owner": owner, "host": host, "fence": None, "run_id": None, "start": None,
-                                        "runner_start": None, "end": None, "ended": None, "result": None})
+                                        "runner_start": None, "end": None, "ended": None, "result": None,
+                                        "logged": None})
     for node, at, message in sorted(lines, key=lambda line: line[1]):
         if message.startswith(START) or message.startswith(END):
             record = json.loads(message.split(" ", 1)[1])
@@ -57,7 +62,7 @@ def runs(lines):
             if record.get("fence") is None:
                 continue  # no grant: skipped, or the backend failed before one
             entry = run(record["owner"], node)
-            entry.update(result=record["result"], runner_start=at - record["duration_ms"] / 1000.0)
+            entry.update(result=record["result"], runner_start=at - record["duration_ms"] / 1000.0, logged=at)
             entry["fence"] = entry["fence"] if entry["fence"] is not None else record["fence"]
             entry["run_id"] = entry["run_id"] or record["run_id"]
             if entry["ended"] is None:
@@ -99,3 +104,100 @@ def check(granted):
     assert not problems, "%d problem(s) in the ledger of %d runs:\n%s" % (len(problems), len(ordered),
                                                                           "\n".join(problems[:20]))
     return gaps
+
+
+def slot_of(run):
+    """The boundary (epoch seconds) of the once-per slot a run claimed, from
+    its run id (JOB@2026-11-29T08:20:14Z); None for a run without one."""
+    run_id = run.get("run_id") or ""
+    if "@" not in run_id:
+        return None
+    return calendar.timegm(time.strptime(run_id.split("@", 1)[1], "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def results(lines):
+    """{result: (count, the last error)} of the runners' log lines among LINES."""
+    found = {}
+    for _node, _at, message in sorted(lines, key=lambda line: line[1]):
+        if message.startswith("{"):
+            record = json.loads(message)
+            count, error = found.get(record["result"], (0, None))
+            found[record["result"]] = (count + 1, record.get("error") or error)
+    return found
+
+
+def attempts(lines):
+    """Every runner's attempt found in journal lines, granted or not, one
+    dict each: host, fired (when its timer started the service: systemd's
+    "Starting" line; without one, the runner's own start), logged (when its
+    runner logged its result), result, slot (the boundary a granted run
+    claimed; None without a grant). A job's service is Type=oneshot, so
+    a node's attempts follow one another: each record belongs to the last
+    "Starting" line before it on its node."""
+    fired_on, found = {}, []
+    for node, at, message in sorted(lines, key=lambda line: line[1]):
+        if message.startswith("Starting "):
+            fired_on[node] = at
+        elif message.startswith("{"):
+            record = json.loads(message)
+            fired = fired_on.pop(node, None)
+            found.append({"host": node, "fired": at - record["duration_ms"] / 1000.0 if fired is None else fired,
+                          "logged": at, "result": record["result"], "slot": slot_of(record)})
+    return found
+
+
+def slot_share(granted, tried, period, since, until, firing):
+    """Which slots ran, of those the fleet could have run, in [SINCE, UNTIL).
+
+    A slot (a boundary, a multiple of PERIOD, whose whole slot lies in the
+    span) could run unless it was refused as it should be, or its runners
+    were too slow for it. Its attempts are those of TRIED (attempts())
+    whose timers fired in time: by boundary + FIRING (the randomized delay,
+    the accuracy, and systemd's own lateness on a busy host). A timer that
+    fires while its node's last run goes on starts the service only when
+    that run ends (a oneshot's start job waits): such a late attempt asks in
+    a later slot, and is not this slot's.
+    - Refused as it should be: every attempt was refused skipped_locked
+      while a granted run held the lock; or there was no attempt in time,
+      and a run held the lock at boundary + FIRING.
+    - Too slow (LATE): the backend, whose clock decides the slot, answered
+      every attempt for a later slot (a grant of it, or a duplicate of it:
+      this slot did not run), or refused it as it should be. Each such
+      answer shows its runner asked after this slot had closed: the slot
+      was lost on the node (a runner's start on a loaded host), not by the
+      backend.
+    A run holds from its runner's start, which is before its grant, until
+    its runner logged, which is after its release. A slot whose attempt
+    failed on the backend, or was refused while nothing held, could run.
+    Returns (the slots that ran, the slots that could, the slots LATE)."""
+    ran_slots = set(slot_of(run) for run in granted)
+
+    def holds(run, start, end):
+        """Whether RUN held the lock at some moment in [START, END]."""
+        run_start = min(value for value in (run["start"], run.get("runner_start")) if value is not None)
+        ends = [value for value in (run["end"], run.get("logged")) if value is not None]
+        run_end = max(ends) if run["end"] is not None else float("inf")
+        return run_start <= end and start < run_end
+
+    def refused_as_it_should(attempt):
+        return attempt["result"] == "skipped_locked" and \
+            any(holds(run, attempt["fired"], attempt["logged"]) for run in granted)
+
+    def answered_for_a_later_slot(attempt, boundary):
+        return attempt["result"] == "skipped_duplicate" or (attempt["slot"] or boundary) > boundary
+    ran, could, late = [], [], []
+    boundary = math.ceil(since / period) * period
+    while boundary + period <= until:
+        in_time = [attempt for attempt in tried if boundary <= attempt["fired"] <= boundary + firing]
+        if boundary in ran_slots:
+            ran.append(boundary)
+            could.append(boundary)
+        elif in_time and all(refused_as_it_should(attempt) for attempt in in_time):
+            pass
+        elif in_time and all(refused_as_it_should(attempt) or answered_for_a_later_slot(attempt, boundary)
+                             for attempt in in_time):
+            late.append(boundary)
+        elif in_time or not any(holds(run, boundary + firing, boundary + firing) for run in granted):
+            could.append(boundary)
+        boundary += period
+    return ran, could, late

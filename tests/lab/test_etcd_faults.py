@@ -9,6 +9,8 @@ loses one member:
 
 - the leader, killed with SIGKILL (and kept down until jobs ran without it);
 - the leader, partitioned from the other members and the nodes, then healed;
+- the leader, every packet to it 200ms late for 30s: no call may fail
+  (issue 24);
 - a member that is not the leader, crashed (the whole node), then booted.
 
 The fault hits while a run holds the lock. After the repair the cluster must
@@ -155,6 +157,60 @@ def test_the_operators_first_commands_find_the_backend_site_yml_provisioned(conv
     check_operator_commands(outputs, read_password(converged))
 
 
+def chrony_sources(lab, node):
+    """{address: state} of the sources chronyd on NODE polls ('*': the one it
+    follows; '?': unreachable), from `chronyc -n -c sources`."""
+    out = lab.ssh(node, "chronyc -n -c sources", check=True).stdout
+    return dict((fields[2], fields[1]) for fields in (line.split(",") for line in out.splitlines()) if len(fields) > 2)
+
+
+def chrony_synchronised(lab, node):
+    """Whether chronyd on NODE follows a source with a normal leap status."""
+    fields = lab.ssh(node, "chronyc -n -c tracking", check=True).stdout.strip().split(",")
+    return fields[0] not in ("7F7F0101", "00000000") and fields[-1] == "Normal"
+
+
+def wait_for_time(lab, nodes, followed, timeout):
+    """Until every node follows a source of FOLLOWED (addresses) and is
+    synchronised; returns {node: address} and the seconds it took."""
+    started = time.monotonic()
+    while True:
+        following = {}
+        for node in nodes:
+            selected = [address for address, state in chrony_sources(lab, node).items() if state == "*"]
+            if selected and selected[0] in followed and chrony_synchronised(lab, node):
+                following[node] = selected[0]
+        if len(following) == len(nodes):
+            return following, time.monotonic() - started
+        assert time.monotonic() - started < timeout, "after %ds the job nodes follow %r (of %r)" % (
+            timeout, following, sorted(followed))
+        time.sleep(1)
+
+
+def test_the_job_nodes_keep_their_time_when_the_members_time_root_stops(converged, capsys):
+    """Issue 24: no single time source. The scenario's members serve time in
+    chrony's orphan mode, each polling the others, and every job node polls
+    all three. chronyd stopped on the member the job nodes follow: the other
+    members agree on a new root, and every job node follows one of them,
+    synchronised, while the first stays stopped."""
+    lab = converged
+    members, nodes = lab.group("dlock_backend"), lab.group("dlock_nodes")
+    addresses = dict((lab.addr(member), member) for member in members)
+    for node in nodes:
+        assert sorted(chrony_sources(lab, node)) == sorted(addresses), node
+    following = wait_for_time(lab, nodes, set(addresses), 120)[0]
+    root = addresses[following[nodes[0]]]
+    lab.ssh(root, "systemctl stop chrony", check=True)
+    try:
+        others = set(address for address, member in addresses.items() if member != root)
+        following, took = wait_for_time(lab, nodes, others, 180)
+    finally:
+        lab.ssh(root, "systemctl start chrony", check=True)
+    with capsys.disabled():
+        print("\ntime root %s stopped: every job node followed another member after %.1fs (%s)"
+              % (root, took, ", ".join("%s: %s" % item for item in sorted(following.items()))))
+
+
 def election_timeout(fleet):
     """The election timeout (seconds) the members run with, as dlock_etcd wrote it."""
     out = fleet.lab.ssh(fleet.members[0], "cat /etc/default/etcd", check=True).stdout
@@ -194,6 +250,55 @@ def test_leader_partitioned(fleet, capsys):
     run_fault(fleet, capsys, "leader partitioned", inject, fleet.lab.heal)
 
 
+# Issue 24's slow leader: every packet to it this late, for this long.
+LEADER_DELAY_MS = 200
+SLOWED_FOR = 30.0
+# How late past its due time the lab's delay helper may let packets go
+# (its p99) for the fault to be the one asked for: a real-time helper on
+# this machine is within a few ms; one starved of CPU held them for seconds.
+DELAY_LATE_P99_MS = 50
+
+
+def test_leader_slowed(fleet, capsys):
+    """Every packet to the leader LEADER_DELAY_MS late for SLOWED_FOR seconds
+    (a slow link, or a leader too loaded to answer at once; its heartbeats
+    still go out in time, so it stays the leader): each call the leader
+    must answer takes that much longer (a write, twice: the followers'
+    acknowledgements are late too), and every grant, renewal and release
+    still succeeds within op_timeout: no backend error, no lease lost. The
+    lab's delay measured itself: it was the one asked for."""
+    slow = {}
+
+    def inject(fault):
+        fault["member"] = leader = fleet.wait_whole(fleet.members[0])
+        fault["at"] = slow["at"] = time.time()
+        fleet.lab.delay(leader, LEADER_DELAY_MS)
+
+    def repair(leader):
+        # The fault's length, not a wait for something to happen: the runs
+        # that must go on meanwhile are what run_fault waited for.
+        time.sleep(max(0.0, slow["at"] + SLOWED_FOR - time.time()))
+        slow["report"] = fleet.lab.delay_report(leader)
+        fleet.lab.undelay(leader)
+        slow["ended"] = time.time()
+    try:
+        run_fault(fleet, capsys, "leader slowed %dms for %gs" % (LEADER_DELAY_MS, SLOWED_FOR), inject, repair)
+    finally:
+        for member in fleet.members:
+            fleet.lab.undelay(member)
+    report, results = slow["report"], fleet.results(slow["at"])
+    with capsys.disabled():
+        print("\nleader slowed: runner results since the delay %s; the delay helper held %d packets, late past "
+              "their %dms by %.1fms at p99, %.1fms at most"
+              % (dict((r, n) for r, (n, _e) in sorted(results.items())), report["packets"], LEADER_DELAY_MS,
+                 report["late_p99_ms"], report["late_max_ms"]))
+    assert slow["ended"] - slow["at"] >= SLOWED_FOR
+    assert report["packets"] > 0 and report["late_p99_ms"] <= DELAY_LATE_P99_MS, \
+        "the lab's delay was not the one asked for: %r" % report
+    failed = dict((r, e) for r, e in results.items() if r in ("backend_error", "lock_lost"))
+    assert not failed, failed
+
+
 def test_follower_crashed(fleet, capsys):
     """A member that does not lead: its node killed at once, then booted."""
     def inject(fault):
@@ -202,3 +307,11 @@ def test_follower_crashed(fleet, capsys):
         fault["at"] = time.time()
         fleet.lab.crash(fault["member"])
     run_fault(fleet, capsys, "follower crashed", inject, fleet.lab.start)
+
+
+def test_slots_outside_the_faults_ran(fleet, capsys):
+    """Issue 24: across this module's fault tests, at least 90% of the slots
+    outside the faults' windows that could run (no granted run held the lock
+    when their timers fired, and a runner asked in time: ledger.slot_share)
+    ran (faults.check_slot_share)."""
+    faults.check_slot_share(fleet, capsys)

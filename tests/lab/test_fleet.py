@@ -27,9 +27,16 @@ pytestmark = pytest.mark.lab
 # delay and the runner's start have the rest of the slot. 10 s slots, a 2 s
 # delay, 0.1 s of accuracy and a 0.5 s skew (early and late) leave a runner
 # 6.9 s to start (a CI run under load once took 2.1 s).
-SLOT = 10  # seconds
-SLOTS = 12
-RANDOMIZED_DELAY = 2  # seconds: several nodes win slots
+# The fleet ledger's slots, and how many of them it must hold. The suite's:
+# 10 s slots, at least 12 (more when the idempotence run they run through
+# takes longer), with room for a runner that starts slowly on a loaded
+# machine (3 s slots missed one there: three runners took 1.9 s to start).
+# Issue 23's acceptance, a 3-node run of 100 slots matched one to one
+# against the fleet-wide history, is the same test with
+# DLOCK_LAB_LEDGER_SLOT=3 DLOCK_LAB_LEDGER_SLOTS=100 (docs/testing.md).
+SLOT = int(os.environ.get("DLOCK_LAB_LEDGER_SLOT", "10"))  # seconds
+SLOTS = int(os.environ.get("DLOCK_LAB_LEDGER_SLOTS", "12"))
+RANDOMIZED_DELAY = 1 if SLOT < 5 else 2  # seconds: several nodes win slots, each well inside its window
 
 
 # The tests below come in the order of the backend they need (Redis first,
@@ -109,7 +116,7 @@ def test_redis_scenario_changes_nothing_again(lab, provisioned, slot_ledger):
 @pytest.mark.slow
 def test_every_redis_slot_runs_exactly_once_across_the_fleet(lab, provisioned, slot_ledger):
     provisioned("redis")
-    every_slot_ran_exactly_once(lab, slot_ledger)
+    every_slot_ran_exactly_once(lab, slot_ledger, SLOTS)
 
 
 def test_redis_scenario_passes_its_verify_set(lab, provisioned, capsys):
@@ -432,8 +439,8 @@ def runner_lines(lab, since, slot_starts):
     return "\n".join(found) or "(no runner line names them: the timers did not fire, or the runs died early)"
 
 
-def every_slot_ran_exactly_once(lab, started):
-    """The ledger (started by the scenario's test, else here) over SLOTS + 2
+def every_slot_ran_exactly_once(lab, started, at_least):
+    """The ledger (started by the scenario's test, else here) over `at_least` + 2
     slots at least (longer when the idempotence run took longer), then its
     job removed: every slot ran exactly once, on more than one node, no two
     runs overlapped and the fences grew."""
@@ -441,7 +448,12 @@ def every_slot_ran_exactly_once(lab, started):
         start_ledger(lab, started)
     since = started["since"]
     try:
-        time.sleep(max(0, since + SLOT * (SLOTS + 2) - time.time()))  # the window the runs are counted in
+        time.sleep(max(0, since + SLOT * (at_least + 2) - time.time()))  # the window the runs are counted in
+        # The job's first run comes after its rollout, which a loaded machine
+        # makes slow: then wait on the ledger itself, a few slots at most.
+        deadline = time.time() + 5 * SLOT
+        while len(ledger(lab, since)) < at_least + 1 and time.time() < deadline:
+            time.sleep(SLOT)
         read_at = time.time()
         history = json.loads(lab.ssh(lab.group("dlock_nodes")[-1], "dlock history %s -n 1000 --json"
                                      % LEDGER_JOB["name"], check=True).stdout)
@@ -450,7 +462,7 @@ def every_slot_ran_exactly_once(lab, started):
         started.clear()
     runs = ledger(lab, since)
     slots = [r["run_id"] for r in runs]
-    assert len(runs) >= SLOTS, "only %d runs in %ds" % (len(runs), time.time() - since)
+    assert len(runs) >= at_least, "only %d runs in %ds" % (len(runs), time.time() - since)
     assert len(set(slots)) == len(slots), "a slot ran twice: %s" % sorted(s for s in slots if slots.count(s) > 1)
     # Consecutive runs are consecutive slots: no slot was skipped.
     starts = [calendar.timegm(time.strptime(s.split("@")[1], "%Y-%m-%dT%H:%M:%SZ")) for s in slots]
@@ -468,7 +480,7 @@ def every_slot_ran_exactly_once(lab, started):
     recorded = dict((entry["fence"], (entry["run_id"], entry["host"])) for entry in history
                     if entry["result"] == "success" and entry.get("started_at", 0) >= since)
     ended = dict((run["fence"], (run["run_id"], run["host"])) for run in runs if run["end"] < read_at - 2)
-    assert len(ended) >= SLOTS - 2 and all(recorded.get(fence) == ran for fence, ran in ended.items()), (ended, recorded)
+    assert len(ended) >= at_least - 2 and all(recorded.get(fence) == ran for fence, ran in ended.items()), (ended, recorded)
     assert set(recorded) <= set(run["fence"] for run in runs), (recorded, runs)
     assert not [entry for entry in history if entry["result"] == "missed" and entry.get("finished_at", 0) >= since]
     # The other nodes skipped each slot (exit 74) rather than failing.
@@ -544,7 +556,7 @@ def test_postgresql_scenario_changes_nothing_again(lab, provisioned, slot_ledger
 @pytest.mark.slow
 def test_every_postgresql_slot_runs_exactly_once_across_the_fleet(lab, provisioned, slot_ledger):
     provisioned("postgresql")
-    every_slot_ran_exactly_once(lab, slot_ledger)
+    every_slot_ran_exactly_once(lab, slot_ledger, SLOTS)
 
 
 def test_postgresql_scenario_passes_its_verify_set(lab, provisioned, capsys):

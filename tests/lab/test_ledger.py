@@ -53,3 +53,92 @@ def test_killed_runs_end_at_their_runner_line():
     assert (found["o2"]["start"], found["o2"]["end"]) == (103.0, 104.0)
     with pytest.raises(AssertionError, match="runs overlap"):
         ledger.check(found.values())
+
+
+def test_the_slot_share_counts_the_slots_the_fleet_could_run():
+    """Slots of 2s from 0 to 20: a run of slot 0 holds the lock to 4.5s, so
+    slot 2's timers (fired by 2.4s) find it held; slot 4's fire by 4.4s,
+    before its end, so 4 is refused too. Slot 6 runs, and holds through
+    8 and 10. Slot 12 finds the lock free and does not run: missed. Slot
+    14's run starts late (its runner at 15.9s, its job at 16.5s) and holds
+    through 16's firing: 16 could not run. 18 runs. A slot that ends past
+    the span (20) is not counted.
+    """
+    granted = [_run("a", 0.3, 4.5, 1, "1970-01-01T00:00:00Z"), _run("b", 6.2, 10.7, 2, "1970-01-01T00:00:06Z"),
+               dict(_run("c", 16.5, 18.0, 3, "1970-01-01T00:00:14Z"), runner_start=15.9),
+               _run("d", 18.2, 22.0, 4, "1970-01-01T00:00:18Z")]
+    ran, could, late = ledger.slot_share(granted, [], 2.0, 0.0, 20.0, 0.4)
+    assert ran == [0, 6, 14, 18]
+    assert could == [0, 6, 12, 14, 18]
+    assert late == []
+    ran, could, late = ledger.slot_share(granted, [], 2.0, 0.5, 16.0, 0.4)  # from the first whole slot in the span
+    assert (ran, could) == ([6, 14], [6, 12, 14])
+    # Run b's runner released and logged at 12.6s, after slot 12's timers
+    # had fired: 12 found the lock held, and is not missed.
+    granted[1]["logged"] = 12.6
+    assert ledger.slot_share(granted, [], 2.0, 0.0, 20.0, 0.4) == ([0, 6, 14, 18], [0, 6, 14, 18], [])
+
+
+def _tried(host, fired, logged, result, slot=None):
+    return {"host": host, "fired": fired, "logged": logged, "result": result, "slot": slot}
+
+
+def test_a_slot_is_judged_by_the_attempts_its_timers_made():
+    """Run b (slot 6) holds until its runner logged at 12.3s. Slot 12's
+    timers fired at 12.05s and 12.1s, and both runners were refused while b
+    held: 12 could not run, although nothing held at 12.4s, when the last
+    timer had fired. b's own node fired only when b ended (at 12.35s, its
+    start job waited for b) and asked too late for 12: not 12's attempt.
+    Had an attempt in time failed on the backend, been granted another
+    slot, or been refused after b had gone, 12 could run and was missed."""
+    granted = [_run("a", 0.3, 4.5, 1, "1970-01-01T00:00:00Z"), dict(_run("b", 6.2, 10.7, 2, "1970-01-01T00:00:06Z"),
+                                                                    logged=12.3),
+               _run("d", 14.2, 18.0, 4, "1970-01-01T00:00:14Z")]
+    refused = [_tried("n2", 12.05, 12.2, "skipped_locked"), _tried("n3", 12.1, 12.25, "skipped_locked"),
+               _tried("n1", 12.45, 18.1, "success")]
+    assert ledger.slot_share(granted, refused, 2.0, 0.0, 16.0, 0.4) == ([0, 6, 14], [0, 6, 14], [])
+    for missed in (_tried("n3", 12.1, 13.5, "backend_error"), _tried("n3", 12.31, 12.5, "skipped_locked")):
+        assert ledger.slot_share(granted, refused[:1] + [missed], 2.0, 0.0, 16.0, 0.4) == \
+            ([0, 6, 14], [0, 6, 12, 14], [])
+
+
+def test_a_slot_whose_runners_asked_after_it_closed_is_lost_to_them():
+    """Slot 12's timers fired in time, after b's end, but every runner
+    reached the backend after 12 had closed: the backend's clock gave the
+    first slot 14 (the run d of n1) and the others a duplicate of 14. 12 was
+    lost on the nodes (their runners' start), not by the backend; one
+    attempt refused otherwise (a backend error) makes it a slot that could run."""
+    granted = [_run("b", 6.2, 10.7, 2, "1970-01-01T00:00:06Z"), _run("d", 14.2, 18.0, 4, "1970-01-01T00:00:14Z")]
+    slow = [_tried("n1", 12.1, 18.1, "success", 14), _tried("n2", 12.2, 14.3, "skipped_duplicate"),
+            _tried("n3", 12.3, 14.4, "skipped_duplicate")]
+    assert ledger.slot_share(granted, slow, 2.0, 6.0, 16.0, 0.4) == ([6, 14], [6, 14], [12])
+    failed = slow[:2] + [_tried("n3", 12.3, 15.0, "backend_error")]
+    assert ledger.slot_share(granted, failed, 2.0, 6.0, 16.0, 0.4) == ([6, 14], [6, 12, 14], [])
+
+
+def test_each_runner_record_belongs_to_the_last_start_of_its_node():
+    lines = [
+        ("n1", 10.02, "Starting dlock-faults.service - dlock job faults..."),
+        ("n2", 10.3, "Starting dlock-faults.service - dlock job faults..."),
+        ("n1", 11.5, json.dumps({"owner": "o1", "fence": None, "result": "skipped_locked", "duration_ms": 900})),
+        ("n2", 11.9, json.dumps({"owner": "o2", "fence": None, "result": "backend_error", "duration_ms": 1200})),
+        ("n3", 12.0, json.dumps({"owner": "o3", "fence": None, "result": "skipped_locked", "duration_ms": 500})),
+    ]
+    assert ledger.attempts(lines) == [_tried("n1", 10.02, 11.5, "skipped_locked"),
+                                      _tried("n2", 10.3, 11.9, "backend_error"),
+                                      _tried("n3", 11.5, 12.0, "skipped_locked")]
+
+
+def test_a_run_without_a_slot_counts_for_none():
+    assert ledger.slot_of({"run_id": "faults#12"}) is None
+    assert ledger.slot_of({"run_id": "faults@1970-01-01T00:01:00Z"}) == 60
+
+
+def test_the_runners_results_are_counted_with_their_last_error():
+    lines = [
+        ("n1", 10.0, json.dumps({"result": "backend_error", "error": "first", "duration_ms": 5})),
+        ("n2", 11.0, json.dumps({"result": "success", "duration_ms": 5})),
+        ("n1", 12.0, "LEDGER_START {}"),
+        ("n3", 13.0, json.dumps({"result": "backend_error", "error": "last", "duration_ms": 5})),
+    ]
+    assert ledger.results(lines) == {"backend_error": (2, "last"), "success": (1, None)}

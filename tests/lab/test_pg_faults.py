@@ -1,7 +1,8 @@
 """Faults of a PostgreSQL lock backend with Patroni on a real fleet (issue 13).
 
 site.yml with dlock_backend_type postgresql and dlock_postgresql_ha makes a
-Patroni cluster (PostgreSQL 15, synchronous_mode_strict) on three backend
+Patroni cluster (PostgreSQL 15, quorum commit: any one of the two standbys
+acknowledges, synchronous_mode_strict) on three backend
 nodes, with its store (an etcd cluster) on the same nodes, and points the
 job nodes at all its members (target_session_attrs=read-write). The ledger job runs as in the
 etcd fault tests (faults.py), while:
@@ -12,6 +13,8 @@ etcd fault tests (faults.py), while:
   healed (it must stop granting: its synchronous standby is out of reach);
 - three leader changes in a row, switchover, switchover, failover, each
   while a run holds the lock;
+- one standby's PostgreSQL paused (SIGSTOP) for 30 s: the other standby
+  acknowledges, and no grant fails (issue 24);
 - both standbys stop: no synchronous standby, so no grant may count (strict
   mode: a commit waits for a standby that is not there, the engine cancels
   it at op_timeout and reports the backend error); grants resume when one
@@ -66,6 +69,11 @@ def gap_bound(ttl, loop_wait):
             + faults.RUNNER_START)
 
 
+# A standby a commit may wait for: the role's quorum mode names both
+# standbys Quorum Standby; Patroni's classic synchronous mode, Sync Standby.
+SYNC_ROLES = ("Quorum Standby", "Sync Standby")
+
+
 class PatroniFleet(faults.LedgerFleet):
     """The lab with the Patroni cluster's members and the jobs' controls."""
 
@@ -84,7 +92,7 @@ class PatroniFleet(faults.LedgerFleet):
         while True:
             state = self.members_state(via)
             leaders = [m for m, (role, run) in state.items() if role == "Leader" and run == "running"]
-            sync = [m for m, (role, run) in state.items() if role == "Sync Standby" and run in ("running", "streaming")]
+            sync = [m for m, (role, run) in state.items() if role in SYNC_ROLES and run in ("running", "streaming")]
             up = [m for m, (role, run) in state.items() if run in ("running", "streaming")]
             if len(leaders) == 1 and sync and len(up) == len(self.members):
                 return leaders[0]
@@ -95,7 +103,7 @@ class PatroniFleet(faults.LedgerFleet):
         """(leader, [sync standbys], [other replicas]) of a whole cluster."""
         leader = self.wait_whole()
         state = self.members_state()
-        return (leader, [m for m, (role, _run) in state.items() if role == "Sync Standby"],
+        return (leader, [m for m, (role, _run) in state.items() if role in SYNC_ROLES],
                 [m for m, (role, _run) in state.items() if role == "Replica"])
 
     def patronictl(self, command):
@@ -184,6 +192,38 @@ def test_three_leader_changes_in_a_row(fleet, capsys):
                      bound(fleet))
 
 
+# How long the paused standby stays paused (issue 24's target: 30 s).
+PAUSED_FOR = 30.0
+# A member's PostgreSQL processes by their command lines: the postmaster
+# (Debian's binary) and its children ("postgres: ..."), not Patroni.
+POSTGRES = r"^(/usr/lib/postgresql/\S+/bin/postgres |postgres: )"
+
+
+def test_a_paused_standby_stops_no_grant(fleet, capsys):
+    """Issue 24: one standby's PostgreSQL SIGSTOPped for PAUSED_FOR seconds
+    (its Patroni still runs and calls it a member, as when its disk hangs).
+    With a quorum of two standbys the other acknowledges every commit: no
+    grant, renewal or release fails, and no run loses its lease."""
+    pause = {}
+
+    def inject(fault):
+        _leader, standbys, _others = fleet.roles()
+        fault["member"] = standbys[0]
+        fault["at"] = pause["at"] = time.time()
+        fleet.lab.pause(standbys[0], POSTGRES)
+
+    def repair(member):
+        # The fault's length, not a wait for something to happen: the runs
+        # that must go on meanwhile are what run_fault waited for.
+        time.sleep(max(0.0, pause["at"] + PAUSED_FOR - time.time()))
+        fleet.lab.resume(member, POSTGRES)
+        pause["ended"] = time.time()
+    faults.run_fault(fleet, capsys, "patroni: a standby paused %gs" % PAUSED_FOR, inject, repair, bound(fleet))
+    results = fleet.results(pause["at"])
+    assert "backend_error" not in results and "lock_lost" not in results, results
+    assert pause["ended"] - pause["at"] >= PAUSED_FOR
+
+
 def test_no_grant_without_a_synchronous_standby(fleet, capsys):
     """Both standbys stopped: strict synchronous mode leaves no standby to
     confirm a commit, so no grant may count, and the fleet must not run the
@@ -224,3 +264,11 @@ def test_no_grant_without_a_synchronous_standby(fleet, capsys):
     with capsys.disabled():
         print("\npatroni: no synchronous standby for %.0fs: %d runs, none started in between; results %s"
               % (back - stopped, len(granted), dict((r, n) for r, (n, _e) in sorted(results.items()))))
+
+
+def test_slots_outside_the_faults_ran(fleet, capsys):
+    """Issue 24: across this module's fault tests, at least 90% of the slots
+    outside the faults' windows that could run (no granted run held the lock
+    when their timers fired, and a runner asked in time: ledger.slot_share)
+    ran (faults.check_slot_share)."""
+    faults.check_slot_share(fleet, capsys)

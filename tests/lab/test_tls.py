@@ -8,7 +8,7 @@ molecule/postgresql/tests/test_nodes.py.)
 It leaves the backend on TLS: a site.yml run costs over a minute, and every
 lab module that needs a given backend provisions it itself (test_fleet's
 `provisioned`). site.yml refusing verify-full without a CA file is checked
-without a lab (tests/integration/test_site_backend_checks.py)."""
+without a lab (tests/integration/roles/test_site_backend_checks.py)."""
 
 import json
 import os

@@ -9,6 +9,7 @@ import calendar
 import datetime
 import json
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -19,7 +20,8 @@ import yaml
 from ansible_cli import ROOT, Ansible
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import (
-    group_scope, job_scope, open_backend, pause_scopes)
+    PAUSE_LOG_KEEP, group_scope, job_scope, open_backend, pause_scopes)
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import PAUSE_LOG_KEY, shown
 
 import servers
 
@@ -65,6 +67,10 @@ def test_a_job_is_paused_once_kept_and_resumed(ansible, engine, unique_key):
     rc, result, out = ansible.module("dlock_pause", {"job": "billing", "state": "resumed"},
                                      extra_vars=jobs_list(unique_key))
     assert rc == 0 and result["changed"] is False and "was not paused" in result["msg"], out
+    # The pause log (base.log_pause) holds what changed, newest first: the unchanged task wrote nothing.
+    logged = [(entry["result"], entry.get("reason")) for entry in engine.read_history(PAUSE_LOG_KEY, PAUSE_LOG_KEEP)
+              if entry.get("scope") == job_scope(unique_key)]
+    assert logged == [("resumed", None), ("paused", "CHG-119"), ("paused", REASON)]
 
 
 def test_check_mode_says_what_it_would_do_and_writes_nothing(ansible, engine, unique_key):
@@ -76,6 +82,8 @@ def test_check_mode_says_what_it_would_do_and_writes_nothing(ansible, engine, un
     assert 7100 < result["paused"]["until"] - time.time() < 7300
     assert engine.read_pauses([group_scope(group)]) == []
     assert engine.acquire(unique_key, OTHER, 10, None, pause_scopes(unique_key, [group])).granted
+    assert not [entry for entry in engine.read_history(PAUSE_LOG_KEY, PAUSE_LOG_KEEP)
+                if entry.get("scope") == group_scope(group)]
 
 
 def test_drain_kill_breaks_the_locks_of_the_group_s_runs(ansible, engine, unique_key):
@@ -209,7 +217,10 @@ def test_bad_values_are_refused_and_nothing_is_paused(on_redis, unique_key, args
 # pauses_dir and mirror: refused before the backend is asked, so no pause is
 # left there without its mirror (nor a mirror file written). @FIFO@ and @FILE@
 # stand for a FIFO and a regular file of the test's own: a mirror directory
-# that is not one (stat on the host, which opens neither, says so).
+# that is not one (stat on the host, which opens neither, says so). A message
+# quotes such a path as the validation core shows any value (shown: cut to
+# 60 characters), so the expectation does too: the pytest directory's length
+# varies.
 @pytest.mark.parametrize("args, message", [
     ({"pauses_dir": "var/lib/dlock/pauses"}, "pauses_dir (or dlock_runner_pauses_dir): 'var/lib/dlock/pauses' must "
                                              "be an absolute path"),
@@ -241,7 +252,7 @@ def test_bad_mirror_values_are_refused_and_nothing_is_written(on_redis, unique_k
 
     args = dict((name, placed(value)) for name, value in dict(
         {"key": unique_key, "reason": REASON, "until": "1h"}, **args).items())
-    message = placed(message)
+    message = re.sub(r"'(@(?:FIFO|FILE)@[^']*)'", lambda quoted: shown(placed(quoted.group(1))), message)
     rc, result, out = ansible.module("dlock_pause", args, extra_vars=jobs_list(unique_key))
     assert rc != 0 and "FAILED!" in out and message in result["msg"], out
     assert "Traceback" not in out, out

@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import sys
+import time
 
 import pytest
 import yaml
@@ -163,3 +164,31 @@ def test_a_long_job_runs_under_async(ansible, fleet):
     results, out = ansible.play_on_lockers([dict(task(fleet), **{"async": 60, "poll": 1})])
     assert sorted(result["ran"] for result in results.values()) == [False, True], out
     assert ran(fleet) == 1
+
+
+def test_the_backfill_runbook_runs_each_past_slot_once_on_one_node(ansible, fleet):
+    """playbooks/backfill.yml on the job nodes (the group lockers): the
+    range's slots run once each, on one node; again, nothing runs, and
+    nothing changes; a value the runner refuses fails the play, named."""
+    script = "import sys; open(sys.argv[1], 'a').write('ran\\n')"
+    (fleet["jobs"] / "billing.json").write_text(json.dumps({
+        "command": [sys.executable, "-c", script, str(fleet["ledger"])], "key": fleet["key"], "once_per": "1d",
+        "every_slot": True}))
+    today = int(time.time() + 2) // 86400
+    extra = {"dlock_hosts": "lockers", "dlock_job": "billing", "dlock_runner_bin": fleet["bin"],
+             "dlock_from": day(today - 3), "dlock_to": day(today - 2), "dlock_reason": REASON}
+    done = ansible.playbook(os.path.join(ROOT, "playbooks", "backfill.yml"), extra)
+    assert done.returncode == 0 and "changed=1" in done.stdout, done.stdout
+    assert "backfill billing: 2 slots: 2 success" in done.stdout and ran(fleet) == 2
+    again = ansible.playbook(os.path.join(ROOT, "playbooks", "backfill.yml"), extra)
+    assert again.returncode == 0 and "changed=0" in again.stdout and "2 done_before" in again.stdout, again.stdout
+    assert ran(fleet) == 2
+    hostile = ansible.playbook(os.path.join(ROOT, "playbooks", "backfill.yml"),
+                               dict(extra, dlock_reason="INC-1\nforged: line"))
+    assert hostile.returncode != 0 and "--reason" in hostile.stdout and ran(fleet) == 2, hostile.stdout
+    refused = ansible.playbook(os.path.join(ROOT, "playbooks", "backfill.yml"), {"dlock_hosts": "lockers"})
+    assert refused.returncode != 0 and "Name the job and the range" in refused.stdout
+
+
+def day(number):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(number * 86400))

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from runner_proc import MODULE_UTILS, run_dlock
+from runner_proc import MODULE_UTILS, run_dlock, start_dlock
 from servers import url_of
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend
@@ -40,9 +40,9 @@ class Node(object):
     def flags(self):
         return ("--backend", self.url, "--jobs-dir", str(self.dir / "jobs"), "--pauses-dir", str(self.dir / "pauses"))
 
-    def run(self):
+    def run(self, *extra):
         """(exit code, the log lines of the run and its catch-ups)."""
-        done = run_dlock("run", "--job", "billing", *self.flags())
+        done = run_dlock("run", "--job", "billing", *(self.flags() + extra))
         return done.returncode, [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
 
     def ran(self):
@@ -55,8 +55,8 @@ class Node(object):
         finally:
             backend.close()
 
-    def history(self):
-        done = run_dlock("history", "billing", "--json", *self.flags())
+    def history(self, entries=20):
+        done = run_dlock("history", "billing", "--json", "-n", str(entries), *self.flags())
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
@@ -80,7 +80,11 @@ def test_all_runs_each_missed_slot_once_oldest_first_and_never_again(node):
         ("success", True, slot - 3), ("success", True, slot - 2), ("success", True, slot - 1)]
     fences = [log["fence"] for log in logs]
     assert fences == sorted(fences) and len(set(fences)) == 4
-    assert [entry["slot"] for entry in node.history()[:4]] == [slot - 1, slot - 2, slot - 3, slot]
+    entries = node.history()[:4]
+    assert [(entry["slot"], entry.get("catch_up")) for entry in entries] == [
+        (slot - 1, True), (slot - 2, True), (slot - 3, True), (slot, None)]
+    table = run_dlock("history", "billing", "-n", "4", *node.flags()).stdout
+    assert table.count("caught up") == 3, table
     # Another node's run in the slot: a duplicate, no catch-up again.
     code, logs = node.run()
     assert code == 74 and len(logs) == 1 and len(node.ran()) == 4
@@ -94,15 +98,22 @@ def test_all_runs_each_missed_slot_once_oldest_first_and_never_again(node):
         backend.close()
 
 
-def test_latest_runs_the_newest_missed_slot_and_counts_the_others_missed(node):
+def test_latest_runs_the_newest_missed_slot_and_counts_the_others_missed(node, tmp_path):
     node.write_job(catch_up={"policy": "latest"})
     slot = today()
     node.seed(slot - 4)
-    code, logs = node.run()
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    code, logs = node.run("--metrics-dir", str(metrics))
     assert code == 0 and logs[0]["catching_up"] == 1 and logs[0]["slots_missed"] == 2
     assert node.ran() == [day(slot), day(slot - 1)]
     missed = sorted(entry["slot"] for entry in node.history() if entry["result"] == "missed")
     assert missed == [slot - 3, slot - 2]
+    text = (metrics / "dlock_billing.prom").read_text()
+    assert 'dlock_catch_up_runs_total{job="billing",kind="catch_up"} 1' in text
+    assert 'dlock_catch_up_runs_total{job="billing",kind="backfill"} 0' in text
+    assert 'dlock_slots_missed_total{job="billing"} 2' in text
+    assert 'dlock_runs_total{job="billing",result="success"} 2' in text
 
 
 def test_only_the_slots_that_ended_within_the_window_are_caught_up(node):
@@ -133,6 +144,71 @@ PAUSE_FROM_THE_JOB = ("import sys; from dlock.backends import open_backend; "
                       "b = open_backend(sys.argv[2]); b.pause('job:' + sys.argv[1], 'CHG-1', 60, 'test'); b.close()")
 
 
+# -- issue 23's acceptance: a whole-fleet outage of 24 slots of a 5-second job ------------------
+FIVE = 5
+OUTAGE = 24
+# The slot window of a 5s job opens its lead, max_clock_skew (2s with the
+# default ttl), before its boundary (slots.slot_lead).
+LEAD = 2.0
+POLICIES = {"latest": ({"policy": "latest", "window": "5m"}, 1),
+            "all": ({"policy": "all", "window": "5m", "max": 5}, 5),
+            "skip": ({"policy": "skip"}, 0)}
+
+
+def five(job, slot):
+    return "%s@%s" % (job, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(slot * FIVE)))
+
+
+def fresh_slot():
+    """The 5s slot open now, once at least 2.5s of its window are left, so
+    that three nodes started now all tick in it (not a synchronisation:
+    what it avoids is a slot edge between the nodes' ticks)."""
+    position = (time.time() + LEAD) % FIVE
+    if position > FIVE / 2.0:
+        time.sleep(FIVE - position + 0.1)
+    return int((time.time() + LEAD) // FIVE)
+
+
+@pytest.fixture(params=["redis", "postgresql", "postgresql+advisory", "etcd", "file"])
+def fleet_url(request, tmp_path):
+    return url_of(request, request.param, tmp_path)
+
+
+def test_after_a_fleet_outage_of_24_slots_latest_runs_1_all_5_skip_0(fleet_url, tmp_path, unique_key):
+    """Three nodes tick at once after the last run 25 slots ago, for three
+    jobs, one per policy, on every backend: each slot of the outage is run
+    at most once, the number caught up is exactly the policy's, the newest
+    ones, each under its own fence, and the others are recorded missed."""
+    url = fleet_url
+    nodes = {}
+    for name, (catch_up, _count) in POLICIES.items():
+        (tmp_path / name).mkdir()
+        nodes[name] = Node(url, "%s-%s" % (unique_key, name), tmp_path / name)
+        nodes[name].write_job(once_per="5s", catch_up=catch_up)
+    slot = fresh_slot()
+    for node in nodes.values():
+        node.seed(slot - OUTAGE - 1)
+    runs = [start_dlock("run", "--job", "billing", *node.flags()) for node in nodes.values() for _tick in range(3)]
+    for run in runs:
+        _out, err = run.communicate(timeout=60)
+        assert run.returncode in (0, 73, 74), err  # ran (or caught up), found the lock held or the slot done
+    # A node that ticked only after the slot's edge (nine runners starting on
+    # a loaded host: CI once) runs the new slot, as it should: the slots that
+    # opened meanwhile may each have run once too; the catch-up is the same.
+    opened = [five("billing", number) for number in range(slot + 1, int((time.time() + LEAD) // FIVE) + 1)]
+    for name, (_catch_up, count) in POLICIES.items():
+        ran = nodes[name].ran()
+        caught_up = [five("billing", number) for number in range(slot - count, slot)]
+        assert len(set(ran)) == len(ran), (name, ran)
+        assert sorted(run for run in ran if run not in opened) == sorted([five("billing", slot)] + caught_up), \
+            (name, ran)
+        entries = nodes[name].history(50)
+        missed = sorted(entry["slot"] for entry in entries if entry["result"] == "missed")
+        assert missed == list(range(slot - OUTAGE, slot - count)), (name, missed)
+        fences = [entry["fence"] for entry in entries if entry.get("fence") is not None]
+        assert len(set(fences)) == len(fences) == len(ran), (name, fences)
+
+
 def test_catch_up_without_every_slot_is_refused(node):
     node.write_job(catch_up={"policy": "all"}, every_slot=False)
     done = run_dlock("run", "--job", "billing", *node.flags())
@@ -158,6 +234,10 @@ def test_backfill_runs_each_slot_once_and_resumes_where_it_stopped(node):
     assert node.ran() == [day(slot - 5), day(slot - 4), day(slot - 3)]
     assert all(json.loads(line)["backfill_reason"] == "INC-4211: ledger outage"
                for line in err.splitlines() if line.startswith("{"))
+    assert [(entry["backfill"], entry["backfill_reason"]) for entry in node.history()] == [
+        (True, "INC-4211: ledger outage")] * 3
+    table = run_dlock("history", "billing", *node.flags()).stdout
+    assert table.count("backfill: INC-4211: ledger outage") == 3, table
     code, out, err = backfill(node, moment(slot - 6), moment(slot - 2))
     assert code == 0 and out.endswith("5 slots: 3 done_before, 2 success\n"), out + err
     assert node.ran()[3:] == [day(slot - 6), day(slot - 2)]

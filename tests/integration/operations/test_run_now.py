@@ -11,7 +11,7 @@ import sys
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from runner_proc import last_log, run_dlock, start_dlock
+from runner_proc import last_log, run_dlock, start_dlock, wait_for
 from servers import url_of
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
@@ -79,6 +79,29 @@ def test_sent_from_three_nodes_at_once_it_runs_once(node):
     assert codes[0] == 0 and set(codes[1:]) <= {73, 74}, codes
     assert node.ran() == 1
     assert node.run_now("--id", "drill-1")[0] == 74 and node.ran() == 1
+
+
+def test_with_a_holder_running_it_is_refused_unless_forced_which_waits_for_it(node):
+    """on_contention skip (the default): refused (73) while a run holds the
+    lock; forced, it waits in line and runs once the holder has ended,
+    never beside it (the ledger's lines are each run's start and end)."""
+    script = ("import sys, time; open(sys.argv[1], 'a').write('start %.6f\\n' % time.time()); "
+              "time.sleep(float(sys.argv[2])); open(sys.argv[1], 'a').write('end %.6f\\n' % time.time())")
+    job = {"command": [sys.executable, "-c", script, str(node.ledger), "2"], "key": node.key}
+    (node.dir / "jobs" / "billing.json").write_text(json.dumps(job))
+    holder = start_dlock("run-now", "billing", "--id", "holder", *node.flags())
+    try:
+        wait_for(lambda: node.ledger.exists() and "start" in node.ledger.read_text(), 30, "the holder's start")
+        code, record, _done = node.run_now("--id", "while-held")
+        assert (code, record["result"]) == (73, "skipped_locked")
+        code, record, done = node.run_now("--id", "while-held", "--force", "--reason", REASON)
+        assert (code, record["result"], record["forced"]) == (0, "success", True), done.stderr
+    finally:
+        holder.communicate(timeout=60)
+    assert holder.returncode == 0
+    events = [line.split() for line in node.ledger.read_text().split("\n") if line]
+    assert [kind for kind, _at in events] == ["start", "end", "start", "end"], events
+    assert float(events[2][1]) >= float(events[1][1])  # the forced run began after the holder's end
 
 
 def test_a_new_id_is_made_and_said_when_none_is_given(node):

@@ -2,7 +2,7 @@
 hands it exactly its table (the tables against the roles' argument_specs:
 tests/unit/plugins/plugin_utils/role_rules); problems name the variable and
 never a password; the render filters for pg_hba and verbatim lines. The real
-runs are in tests/integration/test_role_hostile.py."""
+runs are in tests/integration/roles/test_role_hostile.py."""
 
 from __future__ import annotations
 

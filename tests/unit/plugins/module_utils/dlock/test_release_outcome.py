@@ -185,8 +185,11 @@ def test_the_release_waits_for_a_renewal_in_flight(run, tmp_path, hold, op_timeo
         backends.append(SlowRenewal(backend, go, hold))
         return backends[-1]
     waits_for_go = "import os, time\nwhile not os.path.exists(%r): time.sleep(0.01)\n" % str(go)
+    # A ttl of 20s: past op_timeout, no renewal counts, so the job must end
+    # before the deadline its grant set (about ttl - op_timeout - kill_grace);
+    # with 6s that was 4s, which a loaded CI machine's Python start can pass.
     code, log, _metrics = run(source=waits_for_go, wrap=slow,
-                              options={"ttl": "6s", "renew_every": "0.2s", "op_timeout": op_timeout})
+                              options={"ttl": "20s", "renew_every": "0.2s", "op_timeout": op_timeout})
     assert code == 0
     assert log["result"] == "success" and log["release"] == "released", log
     assert backends[0].released_during_renewal is False

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from ansible_collections.dlock.fleet.plugins.filter.dlock_jobs import dlock_jobs
 from ansible_collections.dlock.fleet.plugins.module_utils import dlock_job_files as job_files
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import CALENDAR_SHORTHANDS, SCHEDULE, schedule_period
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.oncalendar import CALENDAR_SHORTHANDS
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock_jobs import SCHEDULE, schedule_period
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.validate import CONTROL
 
 ROLE = os.path.join(ROOT, "roles", "dlock_jobs")

@@ -84,7 +84,7 @@ def test_three_members_get_one_cluster_with_strict_synchronous_replication(tmp_p
                                                        "password": PASSWORDS["dlock_postgresql_ha_restapi_password"]}
         assert config["etcd3"] == {"hosts": ["10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"], "protocol": "http",
                                    "username": "patroni", "password": PASSWORDS["dlock_postgresql_ha_etcd_password"]}
-        assert config["bootstrap"]["dcs"] == {"ttl": 30, "loop_wait": 10, "retry_timeout": 10, "synchronous_mode": True,
+        assert config["bootstrap"]["dcs"] == {"ttl": 15, "loop_wait": 5, "retry_timeout": 5, "synchronous_mode": "quorum",
                                               "synchronous_mode_strict": True, "synchronous_node_count": 1}
         pg = config["postgresql"]
         assert pg["listen"] == "localhost,%s:5432" % address and pg["connect_address"] == address + ":5432"
@@ -126,7 +126,7 @@ def test_etcd_over_tls_needs_its_ca(tmp_path):
     ({"dlock_postgresql_ha_etcd_endpoints": []}, "dlock_postgresql_ha_etcd_endpoints: must name the etcd members"),
     ({"dlock_postgresql_url_scheme": "postgresql+advisory"}, "postgresql+advisory does not survive a failover"),
     ({"dlock_postgresql_ha_rewind_user": "dlock"}, "must be three distinct roles"),
-    ({"dlock_postgresql_ha_ttl": 20}, "is less than dlock_postgresql_ha_loop_wait + 2 * dlock_postgresql_ha_retry_timeout"),
+    ({"dlock_postgresql_ha_ttl": 14}, "is less than dlock_postgresql_ha_loop_wait + 2 * dlock_postgresql_ha_retry_timeout"),
     ({"dlock_postgresql_listen_addresses": ["localhost"]}, "dlock_postgresql_listen_addresses: must hold dlock_postgresql_ha_address"),
 ])
 def test_bad_settings_are_refused(tmp_path, extra, message):

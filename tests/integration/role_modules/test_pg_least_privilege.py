@@ -19,12 +19,11 @@ import uuid
 import psycopg
 import pytest
 from ansible_cli import BIN, ansible_env, run_module
+from pg_access import PASSWORD, arguments, provision
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend, pause_scopes
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.pg_common import SCHEMA, SCHEMA_UPGRADES
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import BackendError
-
-PASSWORD = "pg-least-privilege-0123"
 
 # dlock_lease as the first release made it: no line_until.
 EARLIER_LEASE_TABLE = SCHEMA[0].replace(",\n        line_until timestamptz", "")
@@ -33,22 +32,6 @@ EARLIER_LEASE_TABLE = SCHEMA[0].replace(",\n        line_until timestamptz", "")
 def test_the_role_reads_the_engines_schema_whole(pg_role_spec):
     assert pg_role_spec["schema"] == list(SCHEMA) and pg_role_spec["upgrades"] == list(SCHEMA_UPGRADES)
     assert "line_until" in SCHEMA[0] and "line_until" not in EARLIER_LEASE_TABLE
-
-
-def arguments(server, name, spec, password=PASSWORD):
-    return {"database": name, "role": name, "password": password, "connection_limit": 16,
-            "login_host": "127.0.0.1", "port": server.port, "login_user": "postgres",
-            "schema": spec["schema"], "upgrades": spec["upgrades"], "grants": spec["grants"]}
-
-
-def provision(server, name, spec, password=PASSWORD, check=False):
-    """The module's {"changed", "actions"}; -vvv shows its arguments, the password masked."""
-    rc, result, output = run_module("dlock_postgresql_access", arguments(server, name, spec, password),
-                                    "-vvv", *(["--check"] if check else []))
-    assert password not in output, output
-    assert rc == 0, output
-    assert result["invocation"]["module_args"]["password"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
-    return dict((key, result[key]) for key in ("changed", "actions"))
 
 
 @pytest.fixture

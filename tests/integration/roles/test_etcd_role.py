@@ -68,6 +68,7 @@ def test_three_members_bootstrap_from_the_inventory(tmp_path):
         assert values["ETCD_NAME"] == name
         assert values["ETCD_LISTEN_PEER_URLS"] == values["ETCD_INITIAL_ADVERTISE_PEER_URLS"] == "http://%s:2380" % address
         assert values["ETCD_LISTEN_CLIENT_URLS"] == values["ETCD_ADVERTISE_CLIENT_URLS"] == "http://%s:2379" % address
+        assert values["ETCD_LISTEN_METRICS_URLS"] == "http://%s:2381" % address  # plain HTTP, TLS or not
         assert values["ETCD_INITIAL_CLUSTER"] == "e1=http://10.0.0.1:2380,e2=http://10.0.0.2:2380,e3=http://10.0.0.3:2380"
         assert values["ETCD_INITIAL_CLUSTER_STATE"] == "new"
         assert values["ETCD_DATA_DIR"] == "/var/lib/etcd/dlock"
@@ -82,16 +83,23 @@ def test_tls_settings(tmp_path):
     files = dict(dlock_etcd_tls=True, dlock_etcd_tls_cert_file="/etc/etcd/c.pem", dlock_etcd_tls_key_file="/etc/etcd/k.pem",
                  dlock_etcd_tls_ca_file="/etc/etcd/ca.pem", dlock_etcd_peer_tls=True,
                  dlock_etcd_peer_tls_cert_file="/etc/etcd/p.pem", dlock_etcd_peer_tls_key_file="/etc/etcd/pk.pem",
-                 dlock_etcd_peer_tls_ca_file="/etc/etcd/pca.pem")
+                 dlock_etcd_peer_tls_ca_file="/etc/etcd/pca.pem", dlock_etcd_metrics_port=9379)
     rc, output, rendered = run(tmp_path, {"e1": "fd00::1"}, extra=files)
     assert rc == 0, output
     values = settings(rendered["e1"])
     assert values["ETCD_LISTEN_CLIENT_URLS"] == "https://[fd00::1]:2379"
+    assert values["ETCD_LISTEN_METRICS_URLS"] == "http://[fd00::1]:9379"
     assert values["ETCD_INITIAL_CLUSTER"] == "e1=https://[fd00::1]:2380"
     assert values["ETCD_CERT_FILE"] == "/etc/etcd/c.pem"
     # No client-port CA: etcd 3.4 would then refuse every client without a certificate.
     assert "ETCD_TRUSTED_CA_FILE" not in values and "ETCD_CLIENT_CERT_AUTH" not in values
     assert (values["ETCD_PEER_CERT_FILE"], values["ETCD_PEER_CLIENT_CERT_AUTH"]) == ("/etc/etcd/p.pem", "true")
+
+
+def test_metrics_port_0_serves_no_metrics(tmp_path):
+    rc, output, rendered = run(tmp_path, {"e1": "10.0.0.1"}, extra={"dlock_etcd_metrics_port": 0})
+    assert rc == 0, output
+    assert "ETCD_LISTEN_METRICS_URLS" not in settings(rendered["e1"]) and "ETCD_NAME" in settings(rendered["e1"])
 
 
 @pytest.mark.parametrize("size", [2, 4, 6])

@@ -543,11 +543,12 @@ def chrony_settings(draw):
         "dlock_chrony_maxslewrate": draw(st.one_of(st.floats(1, 10000, allow_nan=False), st.integers(1, 10000))),
         "dlock_chrony_allow": draw(st.lists(networks(), max_size=3)),
         "dlock_chrony_local_stratum": draw(st.integers(0, 15)),
+        "dlock_chrony_local_orphan": draw(st.booleans()),
         "dlock_chrony_container_mode": draw(st.booleans()),
         "dlock_chrony_extra_config": draw(st.lists(st.sampled_from(
             ["hwtimestamp *", "maxdistance 16.0", "logchange 0.5", "cmdport 0", "minsources 2"]), max_size=3)),
     })
-    if not (values["dlock_chrony_servers"] or values["dlock_chrony_pools"]):
+    if not (values["dlock_chrony_servers"] or values["dlock_chrony_pools"]) or values["dlock_chrony_local_orphan"]:
         values["dlock_chrony_local_stratum"] = draw(st.integers(1, 15))
     return values
 
@@ -582,6 +583,10 @@ def test_every_accepted_chrony_setting_renders_a_config_chronyd_reads(render, va
         assert steps == [] and len(slews) == 1 and float(slews[0].split()[1]) <= 10000
     else:
         assert len(steps) == 1 and slews == []
+    local = [line for line in lines if line.startswith("local ")]
+    stratum = values["dlock_chrony_local_stratum"]
+    assert local == ([("local stratum %d %s" % (stratum, "orphan" if values["dlock_chrony_local_orphan"] else "")
+                       ).strip()] if stratum else [])
 
 
 USER_NAME = st.from_regex(r"[a-z_][a-z0-9_-]{0,20}", fullmatch=True).filter(lambda u: u != "root")
