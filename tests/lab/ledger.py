@@ -106,6 +106,13 @@ def check(granted):
     return gaps
 
 
+def longest_gap_across(gaps, start, end):
+    """The longest of GAPS (check's) that overlaps [START, END]: how long
+    the fleet went without a run across something that happened then (a
+    leader change). 0.0 when a run held the lock all that time."""
+    return max([seconds for seconds, before, after in gaps if before["end"] < end and after["start"] > start] or [0.0])
+
+
 def slot_of(run):
     """The boundary (epoch seconds) of the once-per slot a run claimed, from
     its run id (JOB@2026-11-29T08:20:14Z); None for a run without one."""
@@ -115,14 +122,22 @@ def slot_of(run):
     return calendar.timegm(time.strptime(run_id.split("@", 1)[1], "%Y-%m-%dT%H:%M:%SZ"))
 
 
+# The fields of a runner's record that say why its run ended as it did.
+WHY_FIELDS = ("error", "reason", "renew_error", "renewals", "lease_overrun_ms")
+
+
 def results(lines):
-    """{result: (count, the last error)} of the runners' log lines among LINES."""
+    """{result: (count, why the last one ended so)} of the runners' log lines
+    among LINES. Why: the node, and what its record says (error, reason, the
+    last renewal's error), so that a failure read from the test's output
+    names its cause (None when the record says nothing)."""
     found = {}
-    for _node, _at, message in sorted(lines, key=lambda line: line[1]):
+    for node, _at, message in sorted(lines, key=lambda line: line[1]):
         if message.startswith("{"):
             record = json.loads(message)
-            count, error = found.get(record["result"], (0, None))
-            found[record["result"]] = (count + 1, record.get("error") or error)
+            count, why = found.get(record["result"], (0, None))
+            said = ["%s: %s" % (field, record[field]) for field in WHY_FIELDS if record.get(field)]
+            found[record["result"]] = (count + 1, "%s: %s" % (node, "; ".join(said)) if said else why)
     return found
 
 

@@ -134,11 +134,23 @@ def test_a_run_without_a_slot_counts_for_none():
     assert ledger.slot_of({"run_id": "faults@1970-01-01T00:01:00Z"}) == 60
 
 
-def test_the_runners_results_are_counted_with_their_last_error():
+def test_the_runners_results_are_counted_with_why_the_last_one_ended_so():
     lines = [
         ("n1", 10.0, json.dumps({"result": "backend_error", "error": "first", "duration_ms": 5})),
         ("n2", 11.0, json.dumps({"result": "success", "duration_ms": 5})),
         ("n1", 12.0, "LEDGER_START {}"),
         ("n3", 13.0, json.dumps({"result": "backend_error", "error": "last", "duration_ms": 5})),
+        ("n2", 14.0, json.dumps({"result": "lock_lost", "reason": "could not renew", "renew_error": "timed out",
+                                 "renewals": 2})),
     ]
-    assert ledger.results(lines) == {"backend_error": (2, "last"), "success": (1, None)}
+    assert ledger.results(lines) == {
+        "backend_error": (2, "n3: error: last"), "success": (1, None),
+        "lock_lost": (1, "n2: reason: could not renew; renew_error: timed out; renewals: 2")}
+
+
+def test_the_gap_across_a_moment_is_the_longest_that_overlaps_it():
+    runs = [{"start": 0.0, "end": 4.0}, {"start": 6.0, "end": 10.0}, {"start": 13.0, "end": 17.0}]
+    gaps = [(after["start"] - before["end"], before, after) for before, after in zip(runs, runs[1:])]
+    assert ledger.longest_gap_across(gaps, 5.0, 5.5) == 2.0
+    assert ledger.longest_gap_across(gaps, 3.0, 12.0) == 3.0
+    assert ledger.longest_gap_across(gaps, 7.0, 9.0) == 0.0  # a run held the lock throughout

@@ -94,4 +94,8 @@ class Heartbeat(threading.Thread):
                 if not self.backend.lease_survives_reconnect:
                     self._signal_lost("the lock's session failed: %s" % outcome)
                     return
-                next_at = now() + retry_every
+                # Paced from the failed try's start, not its end: a refusal
+                # that came at once waits retry_every (no busy loop on a
+                # member that refuses), but a try that hung for op_timeout
+                # has spent that lease already, and the next goes at once.
+                next_at = sent + retry_every

@@ -82,3 +82,57 @@ def _empty(fd):
         return os.read(fd, 1) == b""
     except BlockingIOError:
         return True
+
+
+class FailingRenew(object):
+    """A backend whose renew fails, after HANG seconds, every time; it
+    records when each call began, and sets `enough` at the third."""
+    lease_survives_reconnect = True
+
+    def __init__(self, hang):
+        self.hang, self.began, self.enough = hang, [], threading.Event()
+
+    def renew(self, key, owner, ttl):
+        self.began.append(now())
+        if len(self.began) >= 3:
+            self.enough.set()
+        threading.Event().wait(self.hang)
+        raise ConnectionError("refused")
+
+    def reset(self):
+        pass
+
+
+def _tries(hang, op_timeout):
+    """When the first three renewals of a failing backend began, relative to
+    the first, and the heartbeat's last error: renew_every 1s, so
+    retry_every 0.5s."""
+    backend = FailingRenew(hang)
+    options = SimpleNamespace(ttl=30.0, renew_every=1.0, op_timeout=op_timeout)
+    wake_r, wake_w = os.pipe()
+    heartbeat = Heartbeat(backend, "k", "owner", options, LeaseDeadline(30.0, 1.0, 1.0, now()), wake_w)
+    heartbeat.start()
+    try:
+        assert backend.enough.wait(20)
+    finally:
+        heartbeat.stop()
+        heartbeat.wait_done(5)
+        os.close(wake_r)
+        os.close(wake_w)
+    assert heartbeat.lost is None  # this backend's lease outlives a failed try: each failure is retried
+    return [began - backend.began[0] for began in backend.began[:3]], heartbeat.last_error
+
+
+def test_a_refusal_that_comes_at_once_is_retried_after_retry_every():
+    tries, error = _tries(hang=0.0, op_timeout=5.0)
+    assert tries[1] - tries[0] >= 0.5 and tries[2] - tries[1] >= 0.5
+    assert error == "refused"
+
+
+def test_a_try_that_hung_for_op_timeout_is_followed_at_once():
+    """The hung try spent op_timeout (0.8s, more than retry_every) of the
+    lease: the next begins when it is given up (0.8s after it began), not
+    retry_every after that (1.3s)."""
+    tries, error = _tries(hang=2.0, op_timeout=0.8)
+    assert 0.8 <= tries[1] - tries[0] < 1.3 and 0.8 <= tries[2] - tries[1] < 1.3
+    assert error == "renew got no answer within op_timeout (0.800s)"
