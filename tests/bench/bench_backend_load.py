@@ -38,8 +38,15 @@ connection too (connect, the pair, close), so that its ratio compares like
 with like: a connection's own round trips (TCP, PostgreSQL's startup and
 SCRAM login, a fork on the server) are in both.
 
-PostgreSQL is one server: a Patroni trio needs the lab (tests/lab/), out of
-scope here; bench_lock.py measures a synchronous standby's price.
+PostgreSQL runs twice: one server ("postgresql"), and a primary with a
+synchronous standby ("postgresql-sync"), the data path of a Patroni cluster
+as the dlock_postgresql role leaves it: every commit, the grant's and the
+bare pair's alike, waits for the standby's acknowledgement, and the server
+CPU counted is both servers'. Patroni's agent is not on a grant's path (the
+engine talks to the primary; Patroni only decides which member that is),
+so this row is what a grant costs on Patroni while the cluster is whole;
+what a leader change costs is measured by the lab's fault tests
+(tests/lab/test_pg_faults.py).
 
   python tests/bench/bench_backend_load.py [--rates 250,500,...] [--seconds 24] [--workers 4] [--quick]
 """
@@ -168,7 +175,7 @@ class Bare(object):
         self.kind, self.server, self.number = kind, server, number
         if kind == "redis":
             self.client = server.client()
-        elif kind == "postgresql":
+        elif kind.startswith("postgresql"):
             import psycopg
             self.client = psycopg.connect(server.url(), autocommit=True, prepare_threshold=None)
             if not number:  # the first: the table, once
@@ -184,7 +191,7 @@ class Bare(object):
         if self.kind == "redis":
             assert self.client.set(key, "owner", nx=True, px=int(TTL * 1000))
             self.client.delete(key)
-        elif self.kind == "postgresql":
+        elif self.kind.startswith("postgresql"):
             assert self.client.execute(
                 "INSERT INTO bench_bare VALUES (%s, %s, now() + %s * interval '1 millisecond') ON CONFLICT (key) "
                 "DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at "
@@ -220,23 +227,35 @@ class Bare(object):
 
 
 class Backend(object):
-    """One server on loopback, its engine URL, the pid whose CPU is counted."""
+    """The servers on loopback, the engine URL, the pids whose CPU is
+    counted (each with its children). `server`: where the bare pair goes;
+    `running`: what stop() stops (the pair of servers, or `server`)."""
 
     def __init__(self, kind):
         import servers
         self.kind = kind
         if kind == "redis":
             self.server = servers.RedisServer()
-            self.url, self.pid = self.server.url, self.server.pid
+            self.url, self.pids = self.server.url, [self.server.pid]
         elif kind == "postgresql":
             self.server = servers.PostgresServer()
-            self.url, self.pid = self.server.url(), self.server.postmaster_pid
+            self.url, self.pids = self.server.url(), [self.server.postmaster_pid]
+        elif kind == "postgresql-sync":
+            pair = servers.PostgresSyncPair()
+            self.server, self.running = pair.primary, pair
+            self.url, self.pids = self.server.url(), [pair.primary.postmaster_pid, pair.standby.postmaster_pid]
         else:
             self.server = servers.EtcdServer()
-            self.url, self.pid = self.server.url, self.server.procs[0].pid
+            self.url, self.pids = self.server.url, [self.server.procs[0].pid]
+        if kind != "postgresql-sync":
+            self.running = self.server
 
     def stop(self):
-        self.server.stop()
+        self.running.stop()
+
+    def cpu(self):
+        """CPU seconds of the backend's servers so far."""
+        return sum(cpu_of(pid) for pid in self.pids)
 
 
 def start_workers(url, workers):
@@ -253,19 +272,19 @@ def start_workers(url, workers):
 def idle_cost(backend, seconds=3.0):
     """Server CPU a second with no client at all (Redis's cron, etcd's raft
     ticks, PostgreSQL's background workers), subtracted from the steps'."""
-    before = cpu_of(backend.pid)
+    before = backend.cpu()
     time.sleep(seconds)
-    return (cpu_of(backend.pid) - before) / seconds
+    return (backend.cpu() - before) / seconds
 
 
 def probe_cost(backend, bare, idle, pairs=300, fresh=False):
     """Server CPU of one bare pair, alone, above idle (subtracted from the
     steps'), and the bare round trip on an otherwise idle server; with
     FRESH, of the pair on a new connection (the 'new conn' step's probe)."""
-    before, started = cpu_of(backend.pid), time.monotonic()
+    before, started = backend.cpu(), time.monotonic()
     times = [bare.timed_fresh() if fresh else bare.timed() for _pair in range(pairs)]
     took = time.monotonic() - started
-    return max(0.0, cpu_of(backend.pid) - before - idle * took) / pairs, times
+    return max(0.0, backend.cpu() - before - idle * took) / pairs, times
 
 
 def step(backend, procs, bare, base, rate, seconds, offset, fresh):
@@ -273,7 +292,7 @@ def step(backend, procs, bare, base, rate, seconds, offset, fresh):
     `seconds`, while this process times the bare pair between them."""
     start = time.time() + 0.3
     order = json.dumps({"rate": rate, "seconds": seconds, "offset": offset, "start": start, "fresh": fresh})
-    before, began = cpu_of(backend.pid), time.monotonic()
+    before, began = backend.cpu(), time.monotonic()
     for proc in procs:
         proc.stdin.write(order + "\n")
         proc.stdin.flush()
@@ -287,7 +306,7 @@ def step(backend, procs, bare, base, rate, seconds, offset, fresh):
         due += gap
     answers = [json.loads(proc.stdout.readline()) for proc in procs]
     idle, probe_cpu = base
-    server_cpu = cpu_of(backend.pid) - before - probe_cpu * len(bare_times) - idle * (time.monotonic() - began)
+    server_cpu = backend.cpu() - before - probe_cpu * len(bare_times) - idle * (time.monotonic() - began)
     grants = [g for a in answers for g in a["grants"]]
     late = [g for a in answers for g in a["late"]]
     releases = [r for a in answers for r in a["releases"]]
@@ -340,7 +359,7 @@ def doubling_rate(rows):
 def show(report):
     header = ("backend", "grants/min", "n", "failed", "grant p50", "grant p99", "bare p50", "bare p99", "p99/bare",
               "srv CPU/grant", "cli CPU/grant", "late p99")
-    print("%-11s %12s %5s %6s %10s %10s %9s %9s %8s %13s %13s %9s" % header)
+    print("%-15s %12s %5s %6s %10s %10s %9s %9s %8s %13s %13s %9s" % header)
     for kind, result in report["backends"].items():
         for row in result["steps"]:
             label = "%d%s" % (row["rate"], " new conn" if row["fresh"] else "")
@@ -348,12 +367,12 @@ def show(report):
             mark = ""
             if row["rate"] == TARGET_RATE and not row["fresh"]:
                 mark = "  target <= %gx: %s" % (TARGET_RATIO, "met" if ratio <= TARGET_RATIO else "NOT met")
-            print("%-11s %12s %5d %6d %8.2fms %8.2fms %7.2fms %7.2fms %7.2fx %11.0fus %11.0fus %7.1fms%s" % (
-                kind, label, row["grants"], row["refused"] + row["errors"], row["grant_p50_ms"], row["grant_p99_ms"], row["bare_p50_ms"],
-                row["bare_p99_ms"], ratio, row["server_cpu_us_per_grant"], row["client_cpu_us_per_grant"],
+            print("%-15s %12s %5d %6d %8.2fms %8.2fms %7.2fms %7.2fms %7.2fx %11.0fus %11.0fus %7.1fms%s" % (
+                kind, label, row["grants"], row["refused"] + row["errors"], row["grant_p50_ms"], row["grant_p99_ms"],
+                row["bare_p50_ms"], row["bare_p99_ms"], ratio, row["server_cpu_us_per_grant"], row["client_cpu_us_per_grant"],
                 row["late_p99_ms"], mark))
         rate = doubling_rate([row for row in result["steps"] if not row["fresh"]])
-        print("%-11s p99 doubles from the lowest rate's at: %s; bare pair alone p50 %.2fms p99 %.2fms; "
+        print("%-15s p99 doubles from the lowest rate's at: %s; bare pair alone p50 %.2fms p99 %.2fms; "
               "server CPU subtracted: idle %.1fms/s, probe %.0fus a pair" % (
                   kind, "%d a minute" % rate if rate else "no rate measured", result["bare_idle_p50_ms"],
                   result["bare_idle_p99_ms"], result["idle_server_cpu_ms_per_s"], result["probe_server_cpu_us"]))
@@ -366,7 +385,7 @@ def main():
     parser.add_argument("--rates", default="250,500,1000,2000,4000", help="grants a minute, one step each")
     parser.add_argument("--seconds", type=float, default=24.0, help="length of one step")
     parser.add_argument("--workers", type=int, default=4, help="processes driving the 20 nodes")
-    parser.add_argument("--backends", default="redis,postgresql,etcd")
+    parser.add_argument("--backends", default="redis,postgresql,postgresql-sync,etcd")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 3 s steps at 120 and 240 a minute")
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]

@@ -124,9 +124,10 @@ def run_fault(fleet, capsys, name, inject, repair, bound):
     before it acts); wait for RUNS_WHILE_LOST successful runs that started
     after it took effect; repair; wait for the cluster to be whole again
     and for more runs; then check the ledger, with no gap over BOUND
-    seconds. The slots outside the fault's window (from its injection until
-    the cluster is whole again) that could run and did are added to
-    fleet.slots (test_slots_outside_the_faults_ran checks their share)."""
+    seconds, and return its gaps (ledger.check's). The slots outside the
+    fault's window (from its injection until the cluster is whole again)
+    that could run and did are added to fleet.slots
+    (test_slots_outside_the_faults_ran checks their share)."""
     fault = {}
     since = fleet.start_jobs()
     timers_on = time.time()  # every node's timer runs: the slots from here on are counted
@@ -178,6 +179,7 @@ def run_fault(fleet, capsys, name, inject, repair, bound):
                     for a in tried if slot <= a["fired"] < slot + PERIOD) or "none"))
     assert longest[0] <= bound, \
         "a gap of %.2fs between %r and %r is over %.2fs" % (longest[0], longest[1], longest[2], bound)
+    return gaps
 
 
 def share(ran, could):

@@ -170,9 +170,18 @@ def test_primary_partitioned(fleet, capsys):
     faults.run_fault(fleet, capsys, "patroni: primary partitioned", inject, fleet.lab.heal, bound(fleet))
 
 
+# Issue 24's target for one switchover: the longest the fleet goes without
+# a run across it, a run that held the lock as it began included.
+SWITCHOVER_GAP = 5.0
+
+
 def test_three_leader_changes_in_a_row(fleet, capsys):
     """Switchover, switchover, failover, each while a run holds the lock
-    and each as soon as the cluster is whole again after the last."""
+    and each as soon as the cluster is whole again after the last; the
+    longest gap across each switchover (from its command until the cluster
+    is whole again) is at most SWITCHOVER_GAP."""
+    changes = []  # (kind, its command's start, the cluster whole again)
+
     def inject(fault):
         for step, kind in enumerate(("switchover", "switchover", "failover")):
             leader, sync, _others = fleet.roles()
@@ -180,6 +189,7 @@ def test_three_leader_changes_in_a_row(fleet, capsys):
             fault.setdefault("at", time.time())
             if step:
                 fleet.wait_runs(time.time(), 1, "before the %s" % kind, timeout=60, running=True)
+            began = time.time()
             if kind == "switchover":
                 fleet.patronictl("switchover --leader %s --candidate %s --force" % (leader, sync[0]))
             else:
@@ -188,8 +198,15 @@ def test_three_leader_changes_in_a_row(fleet, capsys):
             while fleet.wait_whole() == leader:
                 assert time.monotonic() < deadline, "the %s left %s leading" % (kind, leader)
                 time.sleep(0.5)
-    faults.run_fault(fleet, capsys, "patroni: switchover, switchover, failover", inject, lambda member: None,
-                     bound(fleet))
+            changes.append((kind, began, time.time()))
+    gaps = faults.run_fault(fleet, capsys, "patroni: switchover, switchover, failover", inject, lambda member: None,
+                            bound(fleet))
+    across = [(kind, ledger.longest_gap_across(gaps, began, whole)) for kind, began, whole in changes]
+    with capsys.disabled():
+        print("longest gap across each leader change: %s" % ", ".join("%s %.2fs" % change for change in across))
+    assert [kind for kind, _gap in across] == ["switchover", "switchover", "failover"]
+    slow = [(kind, gap) for kind, gap in across if kind == "switchover" and gap > SWITCHOVER_GAP]
+    assert not slow, "a switchover left the fleet without a run for over %gs: %r" % (SWITCHOVER_GAP, slow)
 
 
 # How long the paused standby stays paused (issue 24's target: 30 s).
