@@ -369,8 +369,8 @@ def show(report):
                 mark = "  target <= %gx: %s" % (TARGET_RATIO, "met" if ratio <= TARGET_RATIO else "NOT met")
             print("%-15s %12s %5d %6d %8.2fms %8.2fms %7.2fms %7.2fms %7.2fx %11.0fus %11.0fus %7.1fms%s" % (
                 kind, label, row["grants"], row["refused"] + row["errors"], row["grant_p50_ms"], row["grant_p99_ms"],
-                row["bare_p50_ms"], row["bare_p99_ms"], ratio, row["server_cpu_us_per_grant"], row["client_cpu_us_per_grant"],
-                row["late_p99_ms"], mark))
+                row["bare_p50_ms"], row["bare_p99_ms"], ratio, row["server_cpu_us_per_grant"],
+                row["client_cpu_us_per_grant"], row["late_p99_ms"], mark))
         rate = doubling_rate([row for row in result["steps"] if not row["fresh"]])
         print("%-15s p99 doubles from the lowest rate's at: %s; bare pair alone p50 %.2fms p99 %.2fms; "
               "server CPU subtracted: idle %.1fms/s, probe %.0fus a pair" % (
