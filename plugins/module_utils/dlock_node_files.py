@@ -159,8 +159,20 @@ class MakeDirectory(object):
     def apply(self):
         if self.current is None:
             _make_parents(os.path.dirname(self.path))
-            os.mkdir(self.path, 0o700)  # its mode is set below, whatever the umask
+            _make_directory(self.path)  # its mode is set below, whatever the umask
         _set_attributes(self.path, self.uid, self.gid, self.mode)
+
+
+def _make_directory(path):
+    """mkdir PATH 0700; a directory that another process made meanwhile (two
+    tasks mirroring one pause into a shared directory, a package's
+    postinst) is taken as it is, its owner and mode set after; anything
+    else there, a symlink included, is still an error."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise
 
 
 def _make_parents(path):
@@ -171,7 +183,7 @@ def _make_parents(path):
     if os.path.isdir(path):
         return
     _make_parents(os.path.dirname(path))
-    os.mkdir(path, 0o700)
+    _make_directory(path)
     os.chown(path, ROOT, ROOT, follow_symlinks=False)
     os.chmod(path, 0o755)
 
