@@ -169,6 +169,9 @@ def run_fault(fleet, capsys, name, inject, repair, bound):
                  share(*map(len, outside[:2])), len(outside[2]),
                  dict((r, n) for r, (n, _e) in sorted(results.items())),
                  " ".join("%.2f" % g[0] for g in gaps if g[0] > 1.0) or "none"))
+        for result in ("lock_lost", "backend_error"):  # why the last of each ended so
+            if result in results:
+                print("  last %s: %s" % (result, results[result][1]))
         missed = [(slot, "could run") for slot in set(outside[1]) - set(outside[0])] + \
             [(slot, "runners too slow") for slot in outside[2]]
         for slot, why in sorted(missed):  # what each node's timer did in it
