@@ -1,5 +1,4 @@
-"""The etcd grant: a lease grant (a waiter's spare lease kept alive instead:
-etcd_line.py), then one transaction that compares the lock
+"""The etcd grant: a lease grant, then one transaction that compares the lock
 key's create_revision with 0, the line (etcd_line.py), with once_per the
 slot's marker, and the version of each pause key of the grant's scopes with
 0 (none is there: a pause's key goes with its lease at its end), and puts the
@@ -53,9 +52,8 @@ def end_overdue(gateway, name, paused):
 class _Transaction(object):
     """The grant's transaction, and the leases granted for it."""
 
-    def __init__(self, lease, seconds, compare, success, failure):
+    def __init__(self, lease, compare, success, failure):
         self.lease = lease
-        self.seconds = seconds  # the lease's TTL
         self.compare = compare
         self.success = success
         self.failure = failure
@@ -76,13 +74,9 @@ class _Transaction(object):
     def payload(self):
         return {"compare": self.compare, "success": self.success, "failure": self.failure}
 
-    def revoke(self, gateway, spare_to=None):
-        """Revoke what was granted for a transaction that took nothing (its
-        keys go with them); the lock's lease is handed to SPARE_TO instead
-        (a refused waiter's line, EtcdLine.return_spare)."""
-        if self.lease and spare_to is not None:
-            spare_to(self.lease, self.seconds)
-        elif self.lease:
+    def revoke(self, gateway):
+        """Revoke what was granted for a transaction that took nothing (its keys go with them)."""
+        if self.lease:
             gateway.revoke(self.lease)
         if self.marker_lease:
             gateway.revoke(self.marker_lease)
@@ -127,8 +121,6 @@ class EtcdGrant(object):
             # release and the job.
             refusal = self.line.refused(key, owner)
             if refusal is not None:
-                # While it waits: the lease its grant will take when woken.
-                self.line.keep_spare(key, owner, lease_seconds(ttl, "ttl", self.min_ttl))
                 return refusal
         if slot is not None and slot.rerun:
             seen = self._rerun_marker(key, slot)
@@ -225,13 +217,9 @@ class EtcdGrant(object):
         check_only, its compares and reads alone (no lease, no write: etcd
         serves it as a read)."""
         lock = b64(self.names.lock(key))
-        seconds = lease = None
-        if not check_only:
-            seconds = lease_seconds(ttl, "ttl", self.min_ttl)
-            # A waiter's spare lease, kept alive just now, or a new one.
-            lease = self.line.take_spare(key, owner, seconds) or self.gateway.grant_lease(seconds)
+        lease = None if check_only else self.gateway.grant_lease(lease_seconds(ttl, "ttl", self.min_ttl))
         value = json.dumps({"owner": owner, "acquired_at": time.time()}, sort_keys=True)
-        txn = _Transaction(lease, seconds,
+        txn = _Transaction(lease,
                            [{"key": lock, "target": "CREATE", "result": "EQUAL", "create_revision": 0},
                             self.line.compare(key, owner)],
                            [{"request_put": {"key": lock, "value": b64(value), "lease": lease}},
@@ -284,8 +272,7 @@ class EtcdGrant(object):
             self.leases[(key, owner)] = txn.lease
             self.line.forget(key, owner)
             return Grant("granted", fence=held.create_revision)
-        # Refused, nothing written: a waiter keeps the lock's lease for its next try.
-        txn.revoke(self.gateway, spare_to=lambda lease, seconds: self.line.return_spare(key, owner, lease, seconds))
+        txn.revoke(self.gateway)
         self.line.saw_refused(key, revision)
         refusal = self._pause_refusal(txn, answer, answered)
         if refusal is not True:

@@ -4,13 +4,7 @@ The grant's transaction compares, besides the lock key, the whole
 P/KEY/queue/ range (EtcdLine.compare): every live ticket there must be ours
 or younger than ours (none at all for a caller without a ticket). A waiter
 keeps its ticket's lease alive while it waits; a dead waiter's ticket goes
-with its lease.
-
-A waiter also holds a spare lease of the lock's ttl (EtcdLine.keep_spare),
-granted while it waits and kept alive with its ticket: its grant after a
-wake-up then puts the lock key on that lease, after a keep-alive (no Raft
-write), where it granted a lease first (a Raft write, and a disk sync on
-a quorum) between the holder's release and its own job."""
+with its lease."""
 
 import time
 
@@ -29,7 +23,6 @@ class EtcdLine(object):
         self._tickets = {}  # (key, owner) -> (lease id or None, create_revision) of our place in line
         self._watched = {}  # key -> the one name whose deletion moves us up the line (wait_change)
         self._woken = set()  # keys whose last wait_change saw the lock deleted (first_try_after_wake)
-        self._spares = {}  # (key, owner) -> (lease id, its TTL in seconds): a waiter's spare lock lease
 
     def _range(self, key):
         queue = self.names.queue(key)
@@ -46,8 +39,8 @@ class EtcdLine(object):
         transaction is its check, without the read of refused() before it.
         A waiter woken by the deletion of the ticket before its own reads
         first: that deletion is most often the grant of the one before it,
-        and a refused grant costs a write (the transaction; the lease it took
-        is kept as the spare) where the read costs none."""
+        and a refused grant costs three writes (a lease, the transaction and
+        the lease's revoke) where the read costs none."""
         if key in self._woken:
             self._woken.discard(key)
             return True
@@ -116,50 +109,12 @@ class EtcdLine(object):
         answer = self.gateway.post("/kv/range", dict(self._range(key), count_only=True))
         return int(answer.get("count", 0))
 
-    def keep_spare(self, key, owner, seconds):
-        """While we wait: a spare lease of SECONDS (the lock's ttl, as the
-        grant would ask for) for our grant after a wake-up (take_spare),
-        granted once; join() keeps it alive with the ticket."""
-        if (key, owner) in self._tickets and (key, owner) not in self._spares:
-            self._spares[(key, owner)] = (self.gateway.grant_lease(seconds), seconds)
-
-    def take_spare(self, key, owner, seconds):
-        """The spare lease for a grant's transaction, just kept alive: it lasts
-        at least SECONDS from before this call (etcd counts a keep-alive from
-        when it gets it), as a lease granted now would. None when there is
-        none, or it ran out (etcd revoked it) or is shorter: the grant then
-        asks for a lease of its own."""
-        spare = self._spares.pop((key, owner), None)
-        if spare is None:
-            return None
-        if spare[1] >= seconds and self.gateway.keepalive(spare[0]) >= seconds:
-            return spare[0]
-        self.gateway.revoke(spare[0])
-        return None
-
-    def return_spare(self, key, owner, lease, seconds):
-        """A refused grant's lease (the spare it took, or one of its own) is
-        kept for the next try, while we wait; else revoked."""
-        if (key, owner) in self._tickets and (key, owner) not in self._spares:
-            self._spares[(key, owner)] = (lease, seconds)
-        else:
-            self.gateway.revoke(lease)
-
-    def drop_spare(self, key, owner):
-        spare = self._spares.pop((key, owner), None)
-        if spare is not None:
-            self.gateway.revoke(spare[0])
-
     def join(self, key, owner, ttl, min_ttl):
         """A ticket P/KEY/queue/OWNER on a lease of its own, created once and
-        kept alive (and our spare lease with it); one whose lease ran out is
-        taken anew, at the end of the line."""
+        kept alive; one whose lease ran out is taken anew, at the end of the line."""
         ticket = self._tickets.get((key, owner))
         if ticket is not None:
             lease = ticket[0]
-            spare = self._spares.get((key, owner))
-            if spare is not None and self.gateway.keepalive(spare[0]) <= 0:
-                del self._spares[(key, owner)]  # ran out: the next refused read grants another
             if lease is None or self.gateway.keepalive(lease) > 0:
                 return  # ours and alive (or another process's, with the same owner, which keeps it)
             del self._tickets[(key, owner)]
@@ -181,7 +136,6 @@ class EtcdLine(object):
             self._tickets[(key, owner)] = (None, existing.create_revision)
 
     def leave(self, key, owner):
-        self.drop_spare(key, owner)
         ticket = self._tickets.pop((key, owner), None)
         if ticket is not None and ticket[0] is not None:
             self.gateway.revoke(ticket[0])  # deletes the ticket; its deletion wakes the others
