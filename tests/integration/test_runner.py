@@ -113,6 +113,9 @@ def test_redis_frozen_job_is_killed_before_the_lease_expires(own_redis, unique_k
     assert last_beat < expires_at, "job still ran %.3fs after its lease expired" % (last_beat - expires_at)
     log = last_log(holder.stderr.read())
     assert log["result"] == "lock_lost" and log["exit_code"] == 76
+    # The job's end is its own field: the runner logged after its release,
+    # which waited op_timeout (300ms) on the frozen server once the job was dead.
+    assert log["duration_ms"] - log["job_ended_ms"] >= 250, log
 
 
 @pytest.mark.slow
@@ -215,6 +218,7 @@ def test_exit_status_environment_and_release(redis_server, unique_key, tmp_path)
     assert ok.returncode == 0, ok.stderr
     env = json.load(open(envfile))
     log = last_log(ok.stderr)
+    assert 0 < log["job_ended_ms"] <= log["duration_ms"]
     assert env["DLOCK_JOB"] == log["job"] and env["DLOCK_KEY"] == unique_key
     assert env["DLOCK_FENCING_TOKEN"] == str(log["fence"]) and env["DLOCK_OWNER"] == log["owner"]
     assert env["DLOCK_RUN_ID"] == "%s#%d" % (log["job"], log["fence"])

@@ -42,8 +42,9 @@ def runs(lines):
     """The granted runs found in journal lines, one dict each: host, owner,
     fence, run_id, start, end (None while unknown: still running), result
     (the runner's, None until it logged), ended ('job' or 'runner': which
-    line gave the end), logged (when the runner logged its result: after
-    its release)."""
+    line gave the end; the runner's says when it saw the job ended, or
+    without that field, when it logged), logged (when the runner logged its
+    result: after its release)."""
     found = collections.OrderedDict()
 
     def run(owner, host):
@@ -65,7 +66,12 @@ def runs(lines):
             entry.update(result=record["result"], runner_start=at - record["duration_ms"] / 1000.0, logged=at)
             entry["fence"] = entry["fence"] if entry["fence"] is not None else record["fence"]
             entry["run_id"] = entry["run_id"] or record["run_id"]
-            if entry["ended"] is None:
+            if entry["ended"] is None and record.get("job_ended_ms") is not None:
+                # Killed before it could write its end: when its runner saw it
+                # ended (job_ended_ms, on duration_ms's scale), not when the
+                # runner logged, after its release and history writes.
+                entry.update(end=at - (record["duration_ms"] - record["job_ended_ms"]) / 1000.0, ended="runner")
+            elif entry["ended"] is None:
                 entry.update(end=at, ended="runner")
     for entry in found.values():
         if entry["start"] is None:

@@ -154,3 +154,20 @@ def test_the_gap_across_a_moment_is_the_longest_that_overlaps_it():
     assert ledger.longest_gap_across(gaps, 5.0, 5.5) == 2.0
     assert ledger.longest_gap_across(gaps, 3.0, 12.0) == 3.0
     assert ledger.longest_gap_across(gaps, 7.0, 9.0) == 0.0  # a run held the lock throughout
+
+
+def test_a_killed_job_ends_when_its_runner_saw_it_end_not_when_the_runner_logged():
+    """The runner logs after its release and history writes, seconds later on
+    a slow backend: a job killed before it wrote its end ends where the
+    runner's job_ended_ms says, and a run granted meanwhile does not overlap it."""
+    killed = {"owner": "n2:1", "fence": 178, "run_id": "faults@2026-11-29T16:12:12Z", "start": 100.0}
+    lines = [
+        ("n2", 100.0, "LEDGER_START " + json.dumps(killed)),
+        ("n2", 108.0, json.dumps({"owner": "n2:1", "fence": 178, "run_id": killed["run_id"], "result": "lock_lost",
+                                  "duration_ms": 9000, "job_ended_ms": 4500})),
+    ]
+    run, = ledger.runs(lines)
+    assert run["ended"] == "runner" and run["end"] == 103.5 and run["logged"] == 108.0
+    older = {"owner": "n2:1", "fence": 178, "run_id": killed["run_id"], "result": "lock_lost", "duration_ms": 9000}
+    without = [lines[0], ("n2", 108.0, json.dumps(older))]
+    assert ledger.runs(without)[0]["end"] == 108.0  # an older runner: when it logged, the bound it can give

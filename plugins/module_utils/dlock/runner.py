@@ -69,10 +69,16 @@ class RunReport(object):
         # In the log line and the last run's record (Runner._release).
         self.record.update(hand_fields(settings))
         self.gauges = {}
+        self.job_ended = None  # time.monotonic() when the job was seen ended (Supervisor), if it ran
 
     def finish(self, result, code, started, started_wall):
         """The log line and the metrics of the run that ended."""
         self.record.update(result=result, exit_code=code, duration_ms=int((time.monotonic() - started) * 1000))
+        if self.job_ended is not None:
+            # On the same scale as duration_ms: what came after the job (the
+            # release, the history) is their difference, and a job killed
+            # before it could say so has its end here.
+            self.record["job_ended_ms"] = int((self.job_ended - started) * 1000)
         report.log_line(self.record, self.stderr)
         self.write_metrics(result, code, started_wall)
 

@@ -8,6 +8,7 @@ before the lease's earliest expiry, whatever the heartbeat does.
 
 import os
 import signal
+import time
 
 from .child import Child, drain, exit_status
 from .deadline import now
@@ -147,6 +148,7 @@ class Supervisor(object):
         heartbeat.start()
         try:
             returncode, reason = self._watch(child, deadline, heartbeat, wake_r)
+            self.report.job_ended = time.monotonic()
         finally:
             heartbeat.stop()  # once it returns, nothing writes to wake_w
             _restore_signals(previous)
@@ -235,6 +237,7 @@ class Supervisor(object):
                 returncode = child.wait(1.0)
                 if returncode is not None:
                     break
+            self.report.job_ended = time.monotonic()
         finally:
             _restore_signals(previous)
             child.close()
