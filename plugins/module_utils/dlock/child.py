@@ -56,7 +56,7 @@ import sys
 # guard needs, and `import socket` (with selectors) costs every run ~3 ms.
 import _socket
 
-from .deadline import now
+from .boottime import now
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

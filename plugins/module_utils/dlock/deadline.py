@@ -11,22 +11,12 @@ The margin is LockOptions.margin (options.clock_margin): on Redis and
 PostgreSQL, whose servers count the TTL on their wall clock, it holds
 2 x max_clock_skew too, what a step of that clock can take off the lease.
 
-The clock is CLOCK_BOOTTIME: it keeps counting through a suspend of the
-machine, as the backend's TTL does; CLOCK_MONOTONIC (time.monotonic() on
-Linux) stops then, and a deadline on it would be passed late by the whole
-suspend. Any pause of the runner itself (SIGSTOP, a frozen VM) shows on
+The clock is CLOCK_BOOTTIME (boottime.now): it keeps counting through a
+suspend of the machine, as the backend's TTL does; CLOCK_MONOTONIC
+(time.monotonic() on Linux) stops then, and a deadline on it would be
+passed late by the whole suspend. Any pause of the runner itself (SIGSTOP, a frozen VM) shows on
 both; the runner checks the deadline again each time it wakes (overrun()).
 """
-
-import time
-
-try:
-    _BOOTTIME = time.CLOCK_BOOTTIME
-
-    def now():
-        return time.clock_gettime(_BOOTTIME)
-except AttributeError:  # not Linux
-    now = time.monotonic
 
 
 class LeaseDeadline(object):

@@ -8,7 +8,7 @@ thread: the runner kills the job at the LeaseDeadline whatever happens here.
 
 import os
 import threading
-from .deadline import now
+from .boottime import now
 from .errors import BackendError
 
 

@@ -37,7 +37,8 @@ import sys
 import time
 
 from .backends import open_backend
-from .deadline import LeaseDeadline, now
+from .boottime import now
+from .deadline import LeaseDeadline
 from .errors import DlockError
 from .heartbeat import Heartbeat
 from .options import clock_margin

@@ -16,7 +16,8 @@ import time
 from . import clock, report
 from .backends import Slot, open_backend, pause_scopes
 from .blackout import Blackout
-from .deadline import LeaseDeadline, now
+from .boottime import now
+from .deadline import LeaseDeadline
 from .errors import EXIT_CONFIG, BackendError, ClockUnsafe, DlockError, OutcomeUnknown
 from .history import RunHistory
 from .owner import hostname, new_owner
@@ -33,7 +34,7 @@ def backend_of(settings):
 
 
 def acquire(backend, key, owner, options, slot, pauses=(), wait_for_holder=False):
-    """(grant, attempts, deadline.now() when the granting request was sent):
+    """(grant, attempts, boottime.now() when the granting request was sent):
     the boot-time clock the lease deadlines are judged on. A pause of one of
     the scopes `pauses` (base.pause_scopes: the job's key, its groups, every
     key) refuses the grant. `wait_for_holder`: wait in line for a run that

@@ -11,7 +11,7 @@ import signal
 import time
 
 from .child import Child, drain, exit_status
-from .deadline import now
+from .boottime import now
 from .heartbeat import Heartbeat
 from .validate import shown
 

@@ -12,7 +12,8 @@ import os
 import threading
 from types import SimpleNamespace
 
-from ansible_collections.dlock.fleet.plugins.module_utils.dlock.deadline import LeaseDeadline, now
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.boottime import now
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.deadline import LeaseDeadline
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.heartbeat import Heartbeat
 
 
