@@ -33,6 +33,7 @@ SCRIPTS = {
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "plugins", "module_utils"))
 from dlock.backends.pg_advisory import _holder_pids  # noqa: E402  (needs the path above)
+from dlock import child  # noqa: E402  (needs the path above)
 from dlock.child import _own_cgroup, make_cgroup, remove_cgroup  # noqa: E402  (needs the path above)
 
 
@@ -312,3 +313,42 @@ def test_an_advisory_lock_outlives_a_failed_renewal_until_its_job_is_dead(pg_ser
     last_write = max(r.get("t", r.get("term")) for r in lines(ledger_a))
     assert last_write < started["start"], \
         "the waiter's job started %.2fs before the holder's job's last write" % (last_write - started["start"])
+
+
+def _exists(pid):
+    """True while pid is in the process table, a zombie included."""
+    return os.path.exists("/proc/%d" % pid)
+
+
+def test_the_guards_report_ends_the_wait_not_its_exit(monkeypatch):
+    """Child.wait returns once the guard has reported the job's end (nothing
+    of the job is left then), not once the guard has exited: its exit would
+    stand between the job's end and the release. A guard still exiting is
+    reaped by a later close() of the same process: it never stays a zombie
+    behind the next run. The fault: a guard that lingers 3 s after its report."""
+    send = child._send
+
+    def linger_after_the_report(fd, text):
+        send(fd, text)
+        if text.startswith("exit "):
+            time.sleep(3)
+    monkeypatch.setattr(child, "_send", linger_after_the_report)
+    job = child.Child(["true"], dict(os.environ), cgroup=False)  # the guard is forked with the fault
+    monkeypatch.setattr(child, "_send", send)
+    code = None
+    while code is None:
+        code = job.wait(10)
+    assert code == 0
+    assert _alive(job.pid), "the wait ended only once the guard had exited"
+    job.close()
+    assert job.pid in child._EXITING_GUARDS
+    wait_for(lambda: not _alive(job.pid), 10, "the guard's exit")
+    assert _exists(job.pid)  # a zombie until a close() reaps it
+    other = child.Child(["true"], dict(os.environ), cgroup=False)
+    while other.wait(10) is None:
+        pass
+    other.close()
+    assert job.pid not in child._EXITING_GUARDS and not _exists(job.pid)
+    wait_for(lambda: not _alive(other.pid), 10, "the second guard's exit")
+    child.reap_exited()
+    assert not child._EXITING_GUARDS

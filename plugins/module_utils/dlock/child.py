@@ -465,6 +465,22 @@ def _ignore(_signum, _frame):
 
 
 # -- the runner's side ------------------------------------------------------------
+# Guards that reported and were left to exit on their own (Child.close): a
+# zombie each until a later close() of this process, or its exit, reaps it.
+_EXITING_GUARDS = []
+
+
+def reap_exited():
+    """Reap the guards of _EXITING_GUARDS that have exited (never waits)."""
+    for pid in list(_EXITING_GUARDS):
+        try:
+            exited = os.waitpid(pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            exited = True
+        if exited:
+            _EXITING_GUARDS.remove(pid)
+
+
 class Child(object):
     """The job as the runner sees it: started under a guard, signalled as a
     process group, waited for through the guard.
@@ -500,8 +516,11 @@ class Child(object):
         os.close(spec_r)
         os.close(life_r)
         os.close(report_w)
-        self.pid, self._spec, self._life, self._report = pid, spec_w, life_w, os.fdopen(report_r, "rb")
-        self.job_pid = self.containment = self._pidfd = self.returncode = None
+        # Unbuffered: wait() selects on this descriptor for the guard's last
+        # line, which a buffer that had read ahead would hide from it.
+        self.pid, self._spec, self._life, self._report = pid, spec_w, life_w, os.fdopen(report_r, "rb", buffering=0)
+        self.job_pid = self.containment = self.returncode = None
+        self._reaped = False
         self.leftovers = 0
         self.trouble = None
 
@@ -533,14 +552,12 @@ class Child(object):
         words = self._report.readline().decode("utf-8", "replace").rstrip("\n").split(" ", 2)
         if words[0] != "started":
             self._finish()
+            os.waitpid(self.pid, 0)  # it ends at once (_not_started)
+            self._reaped = True
             if words[0] == "error":
                 raise OSError(int(words[1]), words[2])
             raise OSError(0, "the job's guard died before starting it")
         self.job_pid, self.containment = int(words[1]), words[2]
-        try:
-            self._pidfd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):
-            self._pidfd = None  # Python < 3.9 or kernel < 5.3: poll instead
 
     def dismiss(self):
         """No job after all (skipped, refused, an error): the job's process
@@ -574,27 +591,32 @@ class Child(object):
     def wait(self, timeout, wake_fd=None):
         """The job's return code once the guard has reported it (everything
         of the job is gone then), or None when `timeout` passes or wake_fd
-        becomes readable."""
+        becomes readable.
+
+        The guard's report is waited for, not its exit: the guard exits just
+        after it, and its exit (the unmapping of its copy of the runner, 1-2 ms
+        on a busy node) would stand between the job's end and the release,
+        where the next holder waits. It is reaped by close(), or later."""
         if self.returncode is not None:
             return self.returncode
-        if self._pidfd is None:
-            select.select([wake_fd] if wake_fd is not None else [], [], [], max(0.0, min(timeout, 0.05)))
-        else:
-            select.select([self._pidfd] + ([wake_fd] if wake_fd is not None else []), [], [], max(0.0, timeout))
-        if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
+        watched = [self._report] + ([wake_fd] if wake_fd is not None else [])
+        if self._report not in select.select(watched, [], [], max(0.0, timeout))[0]:
             return None
         words = self._report.readline().decode("utf-8", "replace").split()
         if len(words) == 3 and words[0] == "exit" and words[1] != "-1":
             self.returncode, self.leftovers = _returncode(int(words[1])), int(words[2])
         else:
-            # The guard was killed: its job died with it (PDEATHSIG); the rest is ours.
+            # End of file (the guard was killed; its job died with it, PDEATHSIG) or no
+            # status (it killed all at our kill()): the rest is ours.
             self.trouble = "the job's guard (pid %d) died; its processes were killed" % self.pid
             self.signal_group(signal.SIGKILL)
             self.returncode = -signal.SIGKILL
-        self._finish(reaped=True)
+            os.waitpid(self.pid, 0)  # it is gone, or ends just after its report
+            self._reaped = True
+        self._finish()
         return self.returncode
 
-    def _finish(self, reaped=False):
+    def _finish(self):
         """After the guard: the cgroup it left (it was killed), and our pipes."""
         if self.cgroup and not remove_cgroup(self.cgroup):  # the guard removes it, unless it was killed
             kill_cgroup(self.cgroup)
@@ -605,16 +627,18 @@ class Child(object):
         if self._life is not None:
             os.close(self._life)
             self._life = None
-        if not reaped:
-            os.waitpid(self.pid, 0)
 
     def close(self):
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
+        """Our pipes closed, and the guard reaped if it has exited; a guard
+        still exiting is reaped by a later close() of this process (reap_exited):
+        never waited for here, before the run's release."""
         if self._life is not None:
             os.close(self._life)
             self._life = None
         if self._report is not None:
             self._report.close()
             self._report = None
+        if not self._reaped and self._spec is None:  # started, failed or dismissed: the guard ends by itself
+            _EXITING_GUARDS.append(self.pid)
+            self._reaped = True
+        reap_exited()

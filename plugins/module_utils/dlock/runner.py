@@ -60,7 +60,7 @@ def hand_fields(settings):
 
 class RunReport(object):
     """What a run tells: its log line's fields (`record`), written at its
-    end, and its job's metrics (`gauges`), written at the grant and at the end."""
+    end, and its job's metrics (`gauges`), written once the granted job runs and at the end."""
 
     def __init__(self, settings, owner, stderr=None):
         self.settings = settings
@@ -276,7 +276,6 @@ class Runner(object):
         self.report.gauges.update(dlock_fencing_token=fence, dlock_lock_held=1, dlock_lock_age_seconds=0,
                                   dlock_lease_overrun_seconds=0)
         try:
-            self.report.write_metrics()
             deadline = LeaseDeadline(self.options.ttl, self.options.margin, self.options.kill_grace, sent)
             code, result = self.supervisor.supervise(backend, deadline, self.owner)
         except BaseException as exc:

@@ -147,6 +147,9 @@ class Supervisor(object):
         self.record["containment"] = child.containment
         heartbeat.start()
         try:
+            # The grant's gauges (the lock held, its fence), once the job runs:
+            # a file written between the grant and the job's start delays the job.
+            self.report.write_metrics()
             returncode, reason = self._watch(child, deadline, heartbeat, wake_r)
             self.report.job_ended = time.monotonic()
         finally:
