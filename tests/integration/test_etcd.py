@@ -6,6 +6,7 @@ The contract every backend shares (grant, owner checks, slots, min_hold,
 force_release, last run) is in test_backends.py, which runs on etcd too.
 """
 
+import json
 import re
 import socket
 import threading
@@ -19,6 +20,7 @@ from runner_proc import last_log, run_dlock, start_dlock
 
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock import validate
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends import Slot, open_backend, pause_scopes
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.boottime import now
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import AuthError, BackendError, ConfigError
 
 import servers
@@ -218,33 +220,95 @@ def record_requests(backend):
     return paths
 
 
-def test_a_handoff_is_one_write_to_release_and_two_to_grant(etcd_server, unique_key):
-    """From the job's end to the next job's grant, the fewest round trips:
-    the holder's release is one transaction (its lease, not a read, says
-    the key is ours) before the deletion the next waiter watches, and the
-    woken waiter sends a lease grant and the grant's transaction, which
-    deletes its ticket too (no read first, no revoke after)."""
-    a, b = open_backend(etcd_server.url), open_backend(etcd_server.url)
-    assert a.acquire(unique_key, "a", 30).granted
-    b.join_queue(unique_key, "b", 3)
-    assert b.acquire(unique_key, "b", 30).status == "locked"
-    before = watchers(etcd_server)
+def leases(server):
+    """The ids of the leases the member holds."""
+    url = "http://127.0.0.1:%d/v3/lease/leases" % server.client_ports[0]
+    request = urllib.request.Request(url, data=b"{}", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        return set(int(item["ID"]) for item in json.loads(answer.read().decode()).get("leases") or [])
+
+
+def waiting_behind(server, key):
+    """(holder, waiter): "a" holds key, "b" waits in line behind it, refused once."""
+    a, b = open_backend(server.url), open_backend(server.url)
+    assert a.acquire(key, "a", 30).granted
+    b.join_queue(key, "b", 3)
+    assert b.acquire(key, "b", 30).status == "locked"
+    return a, b
+
+
+def test_a_handoff_is_one_write_to_release_and_one_to_grant(own_etcd, unique_key):
+    """From the job's end to the next job's grant, the fewest round trips and
+    one Raft write each side: the holder's release is one transaction (its
+    lease, not a read, says the key is ours) before the deletion the next
+    waiter watches; the woken waiter sends the grant's transaction alone,
+    on the spare lease it took while it waited (no lease grant, no read
+    first, no revoke after), and the transaction deletes its ticket too.
+    The grant says how long that lease had been counting (lease_age), so
+    the job's deadline is never past the lease's end."""
+    began = now()
+    a, b = waiting_behind(own_etcd, unique_key)
+    before = watchers(own_etcd)
     thread = threading.Thread(target=b.wait_change, args=(unique_key, 30))
     thread.start()
-    wait_for(lambda: watchers(etcd_server) > before, 5, "the waiter's watch")
+    wait_for(lambda: watchers(own_etcd) > before, 5, "the waiter's watch")
     released = record_requests(a)
     assert a.release(unique_key, "a")
     thread.join(5)
     assert not thread.is_alive(), "the release did not wake the waiter"
     assert released == ["/kv/txn", "/lease/revoke"]
     granting = record_requests(b)
-    assert b.acquire(unique_key, "b", 30).granted
-    assert granting == ["/lease/grant", "/kv/txn"]
+    written = proposals(own_etcd)
+    asked = now()
+    grant = b.acquire(unique_key, "b", 30)
+    assert grant.granted
+    assert proposals(own_etcd) - written == 1  # the transaction alone
+    assert granting == ["/kv/txn"]
+    assert 0 < grant.lease_age <= asked - began  # since the spare's grant, at the refused try
     assert b.line.waiters(unique_key) == 0  # the ticket went with the grant
     b.leave_queue(unique_key, "b")
-    assert granting[2:] == ["/kv/range"]  # waiters() only: leaving had nothing left to do
+    assert granting[1:] == ["/kv/range"]  # waiters() only: leaving had nothing left to do
+    held = b.gateway.get(b.names.lock(unique_key))
+    assert b.gateway.lease_ttl(held.lease) >= 29  # whole seconds: 30 less the moments since its keep-alive
     assert b.query(unique_key).owner == "b"
     assert b.release(unique_key, "b")
+    a.close()
+    b.close()
+
+
+def test_a_spare_lease_gone_or_spent_is_replaced_and_one_left_unused_is_revoked(own_etcd, unique_key):
+    """A waiter's spare lease gone (revoked here, as etcd revokes one that
+    expired: the keep-alive with the ticket sees it) or a quarter spent (its
+    waiter was stopped) costs the grant a lease of its own, counted from the
+    try (lease_age 0); a waiter that leaves the line without a grant revokes its spare."""
+    a, b = waiting_behind(own_etcd, unique_key)
+    spare = b.line._spares[(unique_key, "b")][0]
+    assert spare in leases(own_etcd)
+    b.gateway.revoke(spare)
+    b.join_queue(unique_key, "b", 3)  # the ticket's keep-alive finds the spare gone
+    assert a.release(unique_key, "a")
+    granting = record_requests(b)
+    grant = b.acquire(unique_key, "b", 30)
+    assert grant.granted and grant.lease_age == 0.0
+    assert "/lease/grant" in granting, granting
+    b.leave_queue(unique_key, "b")
+    assert b.release(unique_key, "b")
+
+    a, b = waiting_behind(own_etcd, unique_key)
+    b.line._spares[(unique_key, "b")][2] -= 30 / 4.0  # as if its waiter had been stopped that long
+    spent = b.line._spares[(unique_key, "b")][0]
+    assert a.release(unique_key, "a")
+    grant = b.acquire(unique_key, "b", 30)
+    assert grant.granted and grant.lease_age == 0.0
+    assert spent not in leases(own_etcd)  # revoked, not used
+    b.leave_queue(unique_key, "b")
+    assert b.release(unique_key, "b")
+
+    a, b = waiting_behind(own_etcd, unique_key)
+    unused = b.line._spares[(unique_key, "b")][0]
+    b.leave_queue(unique_key, "b")
+    assert unused not in leases(own_etcd)
+    assert a.release(unique_key, "a")
     a.close()
     b.close()
 

@@ -47,7 +47,9 @@ def wake_after(grant, remaining, refresh_in):
 
 
 def acquire(backend, key, owner, ttl, slot, wait, clock=time.monotonic, pauses=()):
-    """(last Grant, attempts, clock time the last request was sent).
+    """(last Grant, attempts, clock time the last request was sent; a grant's
+    lease_age earlier, when its lease was counting before: the lease's
+    deadline is never later than the backend's expiry).
 
     Returns the first answer that is not "locked", or the last "locked" one
     once `wait` seconds have passed (wait 0: one try, no ticket). A lock
@@ -58,7 +60,7 @@ def acquire(backend, key, owner, ttl, slot, wait, clock=time.monotonic, pauses=(
     sent = clock()
     grant = backend.acquire(key, owner, ttl, slot, pauses)
     if grant.status != "locked" or wait <= 0 or _ours(grant, owner):
-        return grant, attempts, sent
+        return grant, attempts, sent - grant.lease_age
     queued, refresh_at = False, started
     try:
         while True:
@@ -74,7 +76,7 @@ def acquire(backend, key, owner, ttl, slot, wait, clock=time.monotonic, pauses=(
             sent = clock()
             grant = backend.acquire(key, owner, ttl, slot, pauses)
             if grant.status != "locked" or _ours(grant, owner):
-                return grant, attempts, sent
+                return grant, attempts, sent - grant.lease_age
             now = clock()
             backend.wait_change(key, wake_after(grant, started + wait - now, refresh_at - now))
     finally:

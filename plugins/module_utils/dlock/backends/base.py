@@ -149,14 +149,18 @@ class Grant(object):
     'paused' or 'blackout'; a rerun's also 'future' or 'unknown'
     (rerun_refusal). A duplicate's holder names the owner of the slot's
     marker (slots.marker_owner); a paused one's `pause` is the Pause that
-    refused it; a blacked-out one's `window` the window (Slot.blackout)."""
+    refused it; a blacked-out one's `window` the window (Slot.blackout).
+    A granted one's `lease_age`: seconds its lease had already been counting
+    on the backend when the acquire began (a lease taken ahead, as an etcd
+    waiter's spare): the caller's lease deadline counts from then (waiting.py)."""
 
-    def __init__(self, status, fence=None, holder=None, pause=None, window=None):
+    def __init__(self, status, fence=None, holder=None, pause=None, window=None, lease_age=0.0):
         self.status = status
         self.fence = fence
         self.holder = holder
         self.pause = pause
         self.window = window
+        self.lease_age = lease_age
 
     @property
     def granted(self):

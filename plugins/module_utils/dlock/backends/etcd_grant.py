@@ -1,4 +1,5 @@
-"""The etcd grant: a lease grant, then one transaction that compares the lock
+"""The etcd grant: a lease grant (a waiter's spare lease instead, granted
+while it waited: etcd_line.py), then one transaction that compares the lock
 key's create_revision with 0, the line (etcd_line.py), with once_per the
 slot's marker, and the version of each pause key of the grant's scopes with
 0 (none is there: a pause's key goes with its lease at its end), and puts the
@@ -13,6 +14,7 @@ every earlier one's.
 import json
 import time
 
+from ..boottime import now
 from ..errors import BackendError
 from ..slots import SLOT_TRIES, marker_owner
 from .base import Grant, LockView, Pause, rerun_refusal
@@ -52,8 +54,10 @@ def end_overdue(gateway, name, paused):
 class _Transaction(object):
     """The grant's transaction, and the leases granted for it."""
 
-    def __init__(self, lease, compare, success, failure):
+    def __init__(self, lease, seconds, kept_at, compare, success, failure):
         self.lease = lease
+        self.seconds = seconds  # the lease's TTL
+        self.kept_at = kept_at  # boottime.now() when the request that set its expiry was sent
         self.compare = compare
         self.success = success
         self.failure = failure
@@ -74,9 +78,13 @@ class _Transaction(object):
     def payload(self):
         return {"compare": self.compare, "success": self.success, "failure": self.failure}
 
-    def revoke(self, gateway):
-        """Revoke what was granted for a transaction that took nothing (its keys go with them)."""
-        if self.lease:
+    def revoke(self, gateway, spare_to=None):
+        """Revoke what was granted for a transaction that took nothing (its
+        keys go with them); the lock's lease goes to SPARE_TO instead (a
+        refused waiter's line keeps it: EtcdLine.return_spare)."""
+        if self.lease and spare_to is not None:
+            spare_to(self.lease, self.seconds, self.kept_at)
+        elif self.lease:
             gateway.revoke(self.lease)
         if self.marker_lease:
             gateway.revoke(self.marker_lease)
@@ -92,7 +100,8 @@ class EtcdGrant(object):
         self.line = line
         self.min_ttl = min_ttl
         self.leases = leases
-        self._try_started = None  # time.monotonic() at the start of the try in progress (_try)
+        # boottime.now() (CLOCK_BOOTTIME, as the lease deadlines) at the start of the try in progress (_try)
+        self._try_started = None
 
     def acquire(self, key, owner, ttl, slot=None, pauses=()):
         """The grant, with the once-per slot checked on the member's clock:
@@ -109,7 +118,7 @@ class EtcdGrant(object):
 
     def _try(self, key, owner, ttl, slot, pauses):
         """A Grant, or None to try again (the slot moved, or a rerun's marker changed)."""
-        self._try_started = time.monotonic()
+        self._try_started = now()
         seen = None
         if slot is not None and not slot.rerun and slot.blackout is not None:
             return self._blacked_out(key, owner, ttl, slot, pauses)
@@ -121,6 +130,8 @@ class EtcdGrant(object):
             # release and the job.
             refusal = self.line.refused(key, owner)
             if refusal is not None:
+                # While it waits: the lease its grant will take when woken.
+                self.line.keep_spare(key, owner, lease_seconds(ttl, "ttl", self.min_ttl))
                 return refusal
         if slot is not None and slot.rerun:
             seen = self._rerun_marker(key, slot)
@@ -151,8 +162,13 @@ class EtcdGrant(object):
         if answer.get("succeeded"):
             self.leases[(key, owner)] = txn.lease
             self.line.forget(key, owner)  # the transaction deleted our ticket (EtcdLine.granted)
-            return Grant("granted", fence=revision)  # the lock key's create_revision
+            return Grant("granted", fence=revision, lease_age=self._lease_age(txn))  # the lock key's create_revision
         return self._refused(key, owner, slot, txn, answer, revision, answered)
+
+    def _lease_age(self, txn):
+        """How long the lock's lease had been counting when this try began:
+        a spare's, since its last keep-alive; a lease granted by the try, none."""
+        return max(0.0, self._try_started - txn.kept_at)
 
     def _slot_at_next_answer(self, slot, answered):
         """Ask again for the slot open on the member's clock when the next
@@ -160,7 +176,7 @@ class EtcdGrant(object):
         long as this try took. A slow leader makes every try long (each is
         several round trips), and the next takes as long: asking for the
         slot open at `answered` would find it over again."""
-        slot.number = slot.number_at(answered + 0.5 + (time.monotonic() - self._try_started))
+        slot.number = slot.number_at(answered + 0.5 + (now() - self._try_started))
 
     def _blacked_out(self, key, owner, ttl, slot, pauses):
         """The answer for a blacked-out slot (base.Slot.blackout), which
@@ -217,9 +233,14 @@ class EtcdGrant(object):
         check_only, its compares and reads alone (no lease, no write: etcd
         serves it as a read)."""
         lock = b64(self.names.lock(key))
-        lease = None if check_only else self.gateway.grant_lease(lease_seconds(ttl, "ttl", self.min_ttl))
+        seconds = lease = kept_at = None
+        if not check_only:
+            seconds = lease_seconds(ttl, "ttl", self.min_ttl)
+            # A waiter's spare lease, or a new one.
+            lease, kept_at = self.line.take_spare(key, owner, seconds) or (None, now())
+            lease = lease or self.gateway.grant_lease(seconds)
         value = json.dumps({"owner": owner, "acquired_at": time.time()}, sort_keys=True)
-        txn = _Transaction(lease,
+        txn = _Transaction(lease, seconds, kept_at,
                            [{"key": lock, "target": "CREATE", "result": "EQUAL", "create_revision": 0},
                             self.line.compare(key, owner)],
                            [{"request_put": {"key": lock, "value": b64(value), "lease": lease}},
@@ -271,8 +292,10 @@ class EtcdGrant(object):
             # another member was asked (a timeout is not a refusal).
             self.leases[(key, owner)] = txn.lease
             self.line.forget(key, owner)
-            return Grant("granted", fence=held.create_revision)
-        txn.revoke(self.gateway)
+            return Grant("granted", fence=held.create_revision, lease_age=self._lease_age(txn))
+        # Refused, nothing written: a waiter keeps the lock's lease for its next try.
+        txn.revoke(self.gateway, spare_to=lambda lease, seconds, kept_at: self.line.return_spare(
+            key, owner, lease, seconds, kept_at))
         self.line.saw_refused(key, revision)
         refusal = self._pause_refusal(txn, answer, answered)
         if refusal is not True:

@@ -4,10 +4,20 @@ The grant's transaction compares, besides the lock key, the whole
 P/KEY/queue/ range (EtcdLine.compare): every live ticket there must be ours
 or younger than ours (none at all for a caller without a ticket). A waiter
 keeps its ticket's lease alive while it waits; a dead waiter's ticket goes
-with its lease."""
+with its lease.
+
+A waiter also holds a spare lease of the lock's ttl (EtcdLine.keep_spare),
+granted while it waits and kept alive with its ticket. Its grant after a
+wake-up puts the lock key on that lease with no request before the
+transaction, where it granted a lease first (a Raft write, and a disk sync
+on a quorum, between the holder's release and its own job). The lease then
+counts from the spare's last keep-alive, not from the grant: the grant says
+how long before it that was (Grant.lease_age), and the job's deadline is
+that much earlier (waiting.acquire)."""
 
 import time
 
+from ..boottime import now
 from ..errors import BackendError
 from .base import Grant, LockView
 from .etcd_gateway import b64, first_kv, json_lines, lease_seconds, prefix_end, requests, unb64
@@ -23,6 +33,8 @@ class EtcdLine(object):
         self._tickets = {}  # (key, owner) -> (lease id or None, create_revision) of our place in line
         self._watched = {}  # key -> the one name whose deletion moves us up the line (wait_change)
         self._woken = set()  # keys whose last wait_change saw the lock deleted (first_try_after_wake)
+        # (key, owner) -> [lease id, its TTL, boottime.now() when its grant or last keep-alive was sent]
+        self._spares = {}
 
     def _range(self, key):
         queue = self.names.queue(key)
@@ -39,8 +51,8 @@ class EtcdLine(object):
         transaction is its check, without the read of refused() before it.
         A waiter woken by the deletion of the ticket before its own reads
         first: that deletion is most often the grant of the one before it,
-        and a refused grant costs three writes (a lease, the transaction and
-        the lease's revoke) where the read costs none."""
+        and a refused grant costs a write (the transaction) where the read
+        costs none."""
         if key in self._woken:
             self._woken.discard(key)
             return True
@@ -109,9 +121,54 @@ class EtcdLine(object):
         answer = self.gateway.post("/kv/range", dict(self._range(key), count_only=True))
         return int(answer.get("count", 0))
 
+    def keep_spare(self, key, owner, seconds):
+        """While we wait in line: a spare lease of SECONDS (the lock's ttl, as
+        the grant would ask for), for our grant after a wake-up (take_spare);
+        granted once, kept alive by join() with the ticket."""
+        if (key, owner) in self._tickets and (key, owner) not in self._spares:
+            sent = now()
+            self._spares[(key, owner)] = [self.gateway.grant_lease(seconds), seconds, sent]
+
+    def take_spare(self, key, owner, seconds):
+        """(the spare lease, boottime.now() when the request that last set
+        its expiry was sent: it lasts at least SECONDS from then, as etcd
+        counts from when it got that request), for a grant's transaction; or
+        None when there is none, or it is shorter than SECONDS, or a quarter
+        of it is spent: kept alive every TICKET_REFRESH, it is not, unless its
+        waiter was stopped (it may have expired), and a job must not lose
+        much of its lease to it; the grant then asks for a lease of its own."""
+        spare = self._spares.pop((key, owner), None)
+        if spare is None:
+            return None
+        lease, length, kept_at = spare
+        if length >= seconds and now() - kept_at < seconds / 4.0:
+            return lease, kept_at
+        self.gateway.revoke(lease)
+        return None
+
+    def return_spare(self, key, owner, lease, seconds, kept_at):
+        """A refused grant's lock lease (the spare it took, or a new one): kept
+        as the spare while we wait in line, else revoked."""
+        if (key, owner) in self._tickets and (key, owner) not in self._spares:
+            self._spares[(key, owner)] = [lease, seconds, kept_at]
+        else:
+            self.gateway.revoke(lease)
+
+    def _keep_spare_alive(self, key, owner):
+        spare = self._spares.get((key, owner))
+        if spare is None:
+            return
+        sent = now()
+        if self.gateway.keepalive(spare[0]) >= spare[1]:
+            spare[2] = sent
+        else:  # it ran out (etcd revoked it): the next refused read takes another
+            del self._spares[(key, owner)]
+
     def join(self, key, owner, ttl, min_ttl):
         """A ticket P/KEY/queue/OWNER on a lease of its own, created once and
-        kept alive; one whose lease ran out is taken anew, at the end of the line."""
+        kept alive (and our spare lease with it); one whose lease ran out is
+        taken anew, at the end of the line."""
+        self._keep_spare_alive(key, owner)
         ticket = self._tickets.get((key, owner))
         if ticket is not None:
             lease = ticket[0]
@@ -136,6 +193,9 @@ class EtcdLine(object):
             self._tickets[(key, owner)] = (None, existing.create_revision)
 
     def leave(self, key, owner):
+        spare = self._spares.pop((key, owner), None)
+        if spare is not None:
+            self.gateway.revoke(spare[0])
         ticket = self._tickets.pop((key, owner), None)
         if ticket is not None and ticket[0] is not None:
             self.gateway.revoke(ticket[0])  # deletes the ticket; its deletion wakes the others
