@@ -22,6 +22,11 @@ interleaved in one run (A B C A B C ...), so machine noise hits them alike:
   process) releases, or is SIGKILLed and its lease expires: time from the
   release (or the lease's end) to the waiter's job start, once the waiter
   is seen waiting in the server's own counters.
+- handoff: the same with a `dlock run` as the holder, end to end: from the
+  holder's job's last instruction to the waiter's job's first (both `date`),
+  so the holder's side counts too (seeing its job end, the release);
+  beside `etcdctl lock` run the same way on the same etcd. Both versions
+  have the line of waiters (issue 14): only what came after differs.
 
 "before" is the engine of a git ref (default: main), extracted with
 `git archive` into a temp dir; "after" is this checkout's working tree.
@@ -31,6 +36,7 @@ this one, with .venv's newest drivers; /usr/bin/python3 has Debian's, as on
 the nodes). Prints the table and writes tests/bench/report_wait.json.
 
   python tests/bench/bench_wait.py [--before-ref main] [--seconds 6] [--rounds 2] [--python PY]
+      [--only contention|threads|takeover|handoff]
 """
 
 import argparse
@@ -385,6 +391,65 @@ def takeover(paths, urls, rounds, etcd_endpoint, in_line):
     return report
 
 
+def handoff_once(holder_argv, waiter_argv, env, backend, key, in_line, tmp):
+    """Seconds from the holder's job end to the waiter's job start. The
+    holder's job waits on a FIFO until the waiter is seen in line; each job
+    writes `date` to a file of marks."""
+    fifo, marks = os.path.join(tmp, "handoff.fifo"), os.path.join(tmp, "handoff.marks")
+    for path in (fifo, marks):
+        if os.path.exists(path):
+            os.unlink(path)
+    os.mkfifo(fifo)
+    holder = subprocess.Popen(holder_argv + ["sh", "-c", "read _ < %s; echo E $(date +%%s.%%N) >> %s" % (fifo, marks)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:  # the holder's job holds the lock once it reads the FIFO (opening it for writing succeeds)
+        try:
+            told = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert holder.poll() is None and time.monotonic() < deadline, "the holder never started its job"
+            time.sleep(0.01)
+    baseline = in_line.baseline(backend)
+    waiter = subprocess.Popen(waiter_argv + ["sh", "-c", "echo S $(date +%%s.%%N) >> %s" % marks],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    in_line.wait(backend, "after", key, baseline, waiter)
+    os.write(told, b"go\n")
+    os.close(told)
+    assert holder.wait(60) == 0 and waiter.wait(60) == 0, "a run failed"
+    with open(marks) as handle:
+        times = dict(line.split() for line in handle)
+    return float(times["S"]) - float(times["E"])
+
+
+def handoff(paths, urls, rounds, etcd_endpoint, in_line):
+    """The handoff of each backend and version, and etcdctl lock's, interleaved by round."""
+    samples, tmp = {}, tempfile.mkdtemp(prefix="dlock-bench-handoff-")
+    etcdctl = ["etcdctl", "--endpoints", etcd_endpoint, "lock"]
+    try:
+        for number in range(rounds):
+            key = "bench-handoff-etcdctl-%d" % number
+            samples.setdefault("etcdctl lock", []).append(handoff_once(
+                etcdctl + [key, "--"], etcdctl + [key, "--"], dict(os.environ, ETCDCTL_API="3"), "etcd", key, in_line, tmp))
+            for backend, url in urls.items():
+                for version, path in paths.items():
+                    key = "bench-handoff-%s-%d" % (version, number)
+                    argv = dlock_run(url, key, "--on-contention", "wait", "--wait-timeout", "60s", "--ttl", "30s", "--")
+                    samples.setdefault("dlock %s %s" % (backend, version), []).append(
+                        handoff_once(argv, argv, env_for(path), backend, key, in_line, tmp))
+    finally:
+        subprocess.run(["rm", "-rf", tmp], check=False)
+    report = {}
+    for name, values in samples.items():
+        values.sort()
+        report[name] = {"median_ms": round(statistics.median(values) * 1000, 1),
+                        "p90_ms": round(values[int(len(values) * 0.9)] * 1000, 1), "samples": len(values)}
+    anchor = report["etcdctl lock"]["median_ms"]
+    for row in report.values():
+        row["median_to_etcdctl"] = round(row["median_ms"] / anchor, 2)
+    return report
+
+
 def save(report):
     with open(os.path.join(HERE, "report_wait.json"), "w") as handle:
         json.dump(report, handle, indent=2)
@@ -397,7 +462,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--waiters", type=int, default=8)
     parser.add_argument("--grants", type=int, default=200, help="grants of the threads comparison")
-    parser.add_argument("--only", choices=("contention", "threads", "takeover"))
+    parser.add_argument("--only", choices=("contention", "threads", "takeover", "handoff"))
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter of the dlock processes, with its drivers (e.g. /usr/bin/python3: Debian's, "
                              "as on the nodes); a backend whose driver it lacks is left out")
@@ -437,6 +502,9 @@ def main():
         if args.only in (None, "takeover"):
             in_line = InLine(redis_server, pg_server, etcd_server)
             report["takeover"] = takeover(paths, urls, max(3, args.rounds * 2), endpoint, in_line)
+        if args.only in (None, "handoff"):
+            in_line = InLine(redis_server, pg_server, etcd_server)
+            report["handoff"] = handoff(paths, urls, max(10, args.rounds * 10), endpoint, in_line)
     finally:
         redis_server.stop()
         pg_server.stop()
