@@ -313,6 +313,36 @@ def test_a_spare_lease_gone_or_spent_is_replaced_and_one_left_unused_is_revoked(
     b.close()
 
 
+def test_a_renewal_reads_its_key_from_the_member_and_asks_the_leader_only_when_unsure(etcd_server, unique_key):
+    """A renewal is the keep-alive, then a serializable read of the key (the
+    member's own state, no round trip to the leader); a member that does not
+    show the key ours (behind its leader, here a read made stale on purpose)
+    is checked by a linearizable read, which decides; a key broken by
+    force_release fails the renewal."""
+    a, b = open_backend(etcd_server.url), open_backend(etcd_server.url)
+    assert a.acquire(unique_key, "a", 30).granted
+    sent, post = [], a.gateway.post
+
+    def recorded(path, payload, **kwargs):
+        sent.append((path, dict(payload)))
+        return post(path, payload, **kwargs)
+    a.gateway.post = recorded
+    assert a.renew(unique_key, "a", 30) is True
+    assert [path for path, _payload in sent] == ["/lease/keepalive", "/kv/range"]
+    assert sent[1][1].get("serializable") is True
+    del sent[:]
+    get = a.gateway.get
+    a.gateway.get = lambda name, serializable=False: None if serializable else get(name)  # a member behind
+    assert a.renew(unique_key, "a", 30) is True
+    assert [path for path, _payload in sent] == ["/lease/keepalive", "/kv/range"]  # the linearizable read only
+    assert "serializable" not in sent[1][1]
+    a.gateway.get = get
+    b.force_release(unique_key)
+    assert a.renew(unique_key, "a", 30) is False
+    a.close()
+    b.close()
+
+
 def test_a_lease_check_release_refuses_a_key_that_is_not_on_our_lease(etcd_server, unique_key):
     """The release without a read: a lock broken and taken by another since
     our grant is not deleted, and says False."""

@@ -253,8 +253,13 @@ class EtcdGateway(object):
     def txn(self, compare, success, failure):
         return self.post("/kv/txn", {"compare": compare, "success": success, "failure": failure})
 
-    def get(self, name):
-        kvs = self.post("/kv/range", {"key": b64(name)}).get("kvs") or []
+    def get(self, name, serializable=False):
+        """The KV of `name`, or None. serializable: as the member that answers
+        has it, without asking the leader (it may be behind)."""
+        request = {"key": b64(name)}
+        if serializable:
+            request["serializable"] = True
+        kvs = self.post("/kv/range", request).get("kvs") or []
         return KV(kvs[0]) if kvs else None
 
     def grant_lease(self, seconds):

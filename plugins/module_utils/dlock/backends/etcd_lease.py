@@ -155,7 +155,19 @@ class EtcdBackend(Backend):
         """Keep our lease alive, then check the key is still ours and on that
         lease (after the keep-alive: a key seen ours afterwards cannot go
         before the renewed lease). etcd cannot change a lease's TTL: it must
-        already be at least ttl."""
+        already be at least ttl.
+
+        What keeps the lock is the keep-alive, which the leader serves. The
+        check after it only looks for a key deleted under a live lease (an
+        operator's force_release, which then revokes the lease), so it is
+        first a serializable read, which the member answers from its own
+        state with no round trip to the leader: on a slow leader a renewal
+        is then one trip through it, where a linearizable read added a
+        second and a ReadIndex round (test_leader_slowed). A member behind
+        its leader (restarted, catching up) may not show our key yet, so a
+        read that does not show it ours is asked again, linearizable, and
+        that one decides; a member a moment behind a force_release may show
+        the key once more, and the revoked lease fails the next keep-alive."""
         lock = self.names.lock(key)
         lease = self._leases.get((key, owner))
         if lease is None:  # another process took it (the module's later task, the hold renewer)
@@ -166,8 +178,10 @@ class EtcdBackend(Backend):
         left = self.gateway.keepalive(lease)
         if left <= 0:
             return False  # the lease expired or was revoked
-        held = self.gateway.get(lock)
-        if held is None or held.lease != lease or held.record().get("owner") != owner:
+
+        def ours(held):
+            return held is not None and held.lease == lease and held.record().get("owner") == owner
+        if not ours(self.gateway.get(lock, serializable=True)) and not ours(self.gateway.get(lock)):
             return False
         if left < ttl:
             raise BackendError("etcd: the lease of %s lasts %ds, less than ttl %gs (etcd cannot lengthen it)"
@@ -258,7 +272,7 @@ class EtcdBackend(Backend):
 
     def force_release(self, key):
         """Delete the lock key and revoke its lease, so the holder's next
-        renew says False at once."""
+        renew says False (the key gone, or else its lease: renew)."""
         lock = self.names.lock(key)
         before = self.query(key)
         held = self.gateway.get(lock)
