@@ -104,3 +104,36 @@ def test_one_try_and_no_ticket_without_wait():
     backend.now = 0.0
     grant, attempts, _sent = waiting_acquire(backend, "k", "me", 10.0, None, 0.0, clock=lambda: backend.now)
     assert grant.status == "locked" and attempts == 1 and backend.calls == ["acquire"]
+
+
+class _SpareLeaseBackend(_LineBackend):
+    """Held on the first `refusals` tries, then granted on a lease that had
+    been counting `age` seconds when the try began (an etcd waiter's spare)."""
+
+    def __init__(self, refusals, age):
+        _LineBackend.__init__(self)
+        self.refusals, self.age = refusals, age
+
+    def acquire(self, key, owner, ttl, slot=None, pauses=()):
+        self.calls.append("acquire")
+        self.now += 0.01  # the request's round trip
+        if self.calls.count("acquire") <= self.refusals:
+            return Grant("locked", holder=LockView(key, owner="other", ttl_remaining=60.0))
+        return Grant("granted", fence=7, lease_age=self.age)
+
+    def leave_queue(self, key, owner):
+        self.calls.append("leave")
+
+
+@pytest.mark.parametrize("refusals", [0, 2])  # granted at once, and after waiting in line
+def test_a_lease_taken_ahead_moves_the_deadline_back_by_its_age(refusals):
+    """The deadline counts from the send time of the request that last set
+    the lease's expiry: a grant whose lease was counting `lease_age` before
+    the try began is that much earlier than the try's own send time."""
+    backend = _SpareLeaseBackend(refusals, age=0.75)
+    backend.now = 100.0
+    grant, attempts, sent = waiting_acquire(backend, "k", "me", 10.0, None, 30.0, clock=lambda: backend.now)
+    assert grant.granted and attempts == refusals + 1
+    asked = backend.now - 0.01  # the granting try was sent one round trip ago
+    assert sent == pytest.approx(asked - 0.75)
+    assert LeaseDeadline(10.0, 0.5, 0.5, sent).kill_by == pytest.approx(asked - 0.75 + 10.0 - 0.5)
