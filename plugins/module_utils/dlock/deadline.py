@@ -14,8 +14,9 @@ PostgreSQL, whose servers count the TTL on their wall clock, it holds
 The clock is CLOCK_BOOTTIME (boottime.now): it keeps counting through a
 suspend of the machine, as the backend's TTL does; CLOCK_MONOTONIC
 (time.monotonic() on Linux) stops then, and a deadline on it would be
-passed late by the whole suspend. Any pause of the runner itself (SIGSTOP, a frozen VM) shows on
-both; the runner checks the deadline again each time it wakes (overrun()).
+passed late by the whole suspend. Any pause of the runner itself (SIGSTOP,
+a frozen VM) shows on both; the runner checks the deadline again each time
+it wakes (overrun()).
 """
 
 

@@ -125,7 +125,7 @@ class EtcdLine(object):
         """While we wait in line: a spare lease of SECONDS (the lock's ttl, as
         the grant would ask for), for our grant after a wake-up (take_spare);
         granted once, kept alive by join() with the ticket."""
-        if (key, owner) in self._tickets and (key, owner) not in self._spares:
+        if self.waits(key, owner) and (key, owner) not in self._spares:
             sent = now()
             self._spares[(key, owner)] = [self.gateway.grant_lease(seconds), seconds, sent]
 
@@ -149,7 +149,7 @@ class EtcdLine(object):
     def return_spare(self, key, owner, lease, seconds, kept_at):
         """A refused grant's lock lease (the spare it took, or a new one): kept
         as the spare while we wait in line, else revoked."""
-        if (key, owner) in self._tickets and (key, owner) not in self._spares:
+        if self.waits(key, owner) and (key, owner) not in self._spares:
             self._spares[(key, owner)] = [lease, seconds, kept_at]
         else:
             self.gateway.revoke(lease)
