@@ -253,23 +253,26 @@ class PostgresServer(object):
 
 class EtcdServer(object):
     """etcd (3.4, Debian's etcd-server) on loopback: one member, or a cluster
-    of `members`, each with its own client and peer ports and data dir."""
+    of `members`, each with its own client and peer ports and data dir.
+    `tls`: a directory with make_tls's files; the clients then speak HTTPS
+    and must show a certificate signed by its CA."""
 
-    def __init__(self, members=1):
+    def __init__(self, members=1, tls=None):
         self.dir = tempfile.mkdtemp(prefix="dlock-etcd-")
+        self.tls = tls
         self.names = ["m%d" % i for i in range(members)]
         self.client_ports = [free_port() for _name in self.names]
         self.peer_ports = [free_port() for _name in self.names]
         cluster = ",".join("%s=http://127.0.0.1:%d" % (name, port) for name, port in zip(self.names, self.peer_ports))
         self.argv = []
         for index, name in enumerate(self.names):
-            client = "http://127.0.0.1:%d" % self.client_ports[index]
+            client = "%s://127.0.0.1:%d" % ("https" if tls else "http", self.client_ports[index])
             peer = "http://127.0.0.1:%d" % self.peer_ports[index]
             self.argv.append(["etcd", "--name", name, "--data-dir", os.path.join(self.dir, name),
                               "--listen-client-urls", client, "--advertise-client-urls", client,
                               "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                               "--initial-cluster", cluster, "--initial-cluster-state", "new",
-                              "--initial-cluster-token", os.path.basename(self.dir)])
+                              "--initial-cluster-token", os.path.basename(self.dir)] + self._tls_flags("server"))
         self.procs = [None] * members
         for index in range(members):
             self.start_member(index, wait=False)
@@ -277,9 +280,20 @@ class EtcdServer(object):
             _wait_port(self.client_ports[index], self.procs[index])
         self.wait_healthy()
 
+    def _tls_flags(self, side):
+        """etcd's (side "server") or etcdctl's ("client") TLS flags."""
+        if not self.tls:
+            return []
+        files = dict((name, os.path.join(self.tls, name + ".pem")) for name in ("ca", "server", "client"))
+        if side == "server":
+            return ["--cert-file", files["server"], "--key-file", os.path.join(self.tls, "server.key"),
+                    "--trusted-ca-file", files["ca"], "--client-cert-auth"]
+        return ["--cacert", files["ca"], "--cert", files["client"], "--key", os.path.join(self.tls, "client.key")]
+
     @property
     def url(self):
-        return "etcd://%s/dlock" % ",".join("127.0.0.1:%d" % port for port in self.client_ports)
+        return "%s://%s/dlock" % ("etcd+https" if self.tls else "etcd",
+                                  ",".join("127.0.0.1:%d" % port for port in self.client_ports))
 
     def member_url(self, index):
         return "etcd://127.0.0.1:%d/dlock" % self.client_ports[index]
@@ -311,7 +325,8 @@ class EtcdServer(object):
         """etcdctl against the live members; returns its stdout (raises on failure)."""
         live = ",".join("127.0.0.1:%d" % port for port, proc in zip(self.client_ports, self.procs)
                         if proc is not None and proc.poll() is None)
-        argv = ["etcdctl", "--endpoints", live, "--command-timeout", "10s"] + (["--user", user] if user else [])
+        argv = (["etcdctl", "--endpoints", live, "--command-timeout", "10s"] + (["--user", user] if user else [])
+                + self._tls_flags("client"))
         return subprocess.run(argv + list(args), env=dict(os.environ, ETCDCTL_API="3"), capture_output=True,
                               text=True, check=True, timeout=30).stdout
 
@@ -331,6 +346,24 @@ class EtcdServer(object):
         for index in range(len(self.names)):
             self.stop_member(index)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def make_tls(directory):
+    """In DIRECTORY: a CA (ca.pem), a server certificate for 127.0.0.1 (an IP
+    SAN) and a client certificate signed by it (server.pem/.key,
+    client.pem/.key), and another CA that signed neither (other-ca.pem)."""
+    def openssl(*args):
+        subprocess.run(["openssl"] + list(args), cwd=directory, check=True, capture_output=True)
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", *key, "-days", "2", "-subj", "/CN=dlock test %s" % ca, "-keyout", ca + ".key",
+                "-out", ca + ".pem")
+    with open(os.path.join(directory, "san.ext"), "w") as handle:
+        handle.write("subjectAltName = IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        openssl("req", *key, "-subj", "/CN=dlock test %s" % name, "-keyout", name + ".key", "-out", name + ".csr")
+        openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "2", "-extfile", "san.ext", "-out", name + ".pem")
 
 
 class PgBouncer(object):

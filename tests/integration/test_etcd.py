@@ -7,6 +7,7 @@ force_release, last run) is in test_backends.py, which runs on etcd too.
 """
 
 import json
+import os
 import re
 import socket
 import threading
@@ -454,23 +455,47 @@ def test_a_password_in_an_etcd_url_is_never_shown(members, secret):
     assert "contains a password" in str(err.value) and secret not in str(err.value)
 
 
-def test_the_ca_file_given_is_the_one_verified_whatever_the_environment(monkeypatch, tmp_path):
-    """requests lets REQUESTS_CA_BUNDLE (set system-wide on many controllers)
-    replace a session's CA on every request: the operator's ca_file was
-    silently swapped for the system bundle, and a private CA's etcd refused
-    ("unable to get local issuer certificate")."""
-    ca_file = tmp_path / "ca.pem"
-    ca_file.write_text("not read here")
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
-    monkeypatch.setenv("CURL_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
-    backend = open_backend("etcd+https://dlock@10.0.0.5:2379,10.0.0.6:2379/dlock", "pw", 1.0, str(ca_file))
+@pytest.fixture(scope="module")
+def tls_etcd(tmp_path_factory):
+    """A real etcd member that speaks HTTPS only and asks each client for a
+    certificate its CA signed (--client-cert-auth), and the files of
+    servers.make_tls."""
+    directory = str(tmp_path_factory.mktemp("etcd-tls"))
+    servers.make_tls(directory)
+    server = servers.EtcdServer(tls=directory)
+    yield server, directory
+    server.stop()
+
+
+def test_etcd_over_tls_verifies_the_member_by_the_ca_file_given_and_shows_our_certificate(tls_etcd, monkeypatch,
+                                                                                          tmp_path, unique_key):
+    """The member is verified by the operator's ca_file, whatever bundle the
+    environment names (requests, before, let REQUESTS_CA_BUNDLE replace it);
+    a member its CA did not sign, or one that wants a certificate we do not
+    show, is no member; a CA file that holds no certificate is named."""
+    server, tls = tls_etcd
+    ca, other_ca = os.path.join(tls, "ca.pem"), os.path.join(tls, "other-ca.pem")
+    with_cert = "%s?cert=%s&key=%s" % (server.url, os.path.join(tls, "client.pem"), os.path.join(tls, "client.key"))
+    for variable in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.setenv(variable, other_ca)
+    backend = open_backend(with_cert, None, 2.0, ca)
     try:
-        for client in backend.gateway._members():
-            settings = client.session.merge_environment_settings("https://10.0.0.5:2379/v3/kv/range", {}, None,
-                                                                 None, None)
-            assert settings["verify"] == str(ca_file)
+        assert backend.acquire(unique_key, "a", 30).granted
+        assert server.etcdctl("get", "--print-value-only", backend.names.lock(unique_key))
+        assert backend.release(unique_key, "a")
     finally:
         backend.close()
+    refusals = [(open_backend(with_cert, None, 1.0, other_ca), "CERTIFICATE_VERIFY_FAILED"),
+                (open_backend(server.url, None, 1.0, ca), "")]  # the member's handshake refuses us
+    for refused, why in refusals:
+        with pytest.raises(BackendError, match="no member answered.*127.0.0.1:%d: .*%s" % (server.client_ports[0],
+                                                                                           why)):
+            refused.query(unique_key)
+        refused.close()
+    not_a_ca = tmp_path / "not-a-ca.pem"
+    not_a_ca.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match="cannot load the TLS CA file %s" % re.escape(str(not_a_ca))):
+        open_backend(with_cert, None, 1.0, str(not_a_ca)).query(unique_key)
 
 
 class SlowProxy(object):

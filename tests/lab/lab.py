@@ -63,7 +63,7 @@ BASE_PACKAGES = "systemd,systemd-sysv,python3,dbus,iproute2,openssh-server,sudo"
 ROLE_PACKAGES = [
     "python3-redis", "python3-psycopg", "redis-server", "redis-tools", "postgresql",
     "chrony", "prometheus-node-exporter", "python3-apt", "ca-certificates", "procps",
-    "iputils-ping", "etcd-server", "etcd-client", "python3-etcd3gw",
+    "iputils-ping", "etcd-server", "etcd-client",
     "cron",  # not a role's: tests/bench/bench_rollout.py's anchor writes cron entries (ansible.builtin.cron needs crontab)
 ]
 # dlock_postgresql's own settings: the HA mode's packages (Patroni's libraries

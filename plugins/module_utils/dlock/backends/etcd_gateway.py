@@ -2,16 +2,12 @@
 member is asked, within which time, with which token, and what the members
 say of their cluster. The lock's keys and transactions are etcd_lease.py's.
 
-The driver is etcd3gw (python3-etcd3gw on Debian 12). We use its client for
-each member's URL and its requests session (TLS: CA, client certificate),
-and send the requests through that session ourselves, because etcd3gw cannot:
-- bound a call: etcd3gw 2.0 (Debian 12) puts its timeout on the session,
-  where requests ignores it, and 2.7's post() refuses a per-call one; we need
-  op_timeout per call, shared across the members we try;
-- send the auth token, report which member failed, or return headers (the
-  Date header is our only reading of the server's clock);
-- watch with a timeout (its watch runs in a thread pool that nothing stops).
-Keys, values and 64-bit numbers are base64 or strings in its JSON.
+Each member is spoken to over HTTP by etcd_http.py (the standard library
+alone: no driver). Each call is bounded by op_timeout, shared across the
+members tried, carries the auth token, and says which member failed; the
+Date header of an answer is our only reading of the server's clock, and a
+watch is read with a timeout. Keys, values and 64-bit numbers are base64 or
+strings in the gateway's JSON.
 """
 
 import base64
@@ -24,12 +20,7 @@ import time
 from ..errors import AuthError, BackendError, OutcomeUnknown
 from ..validate import MAX_DURATION
 from .base import endpoint, lease_ms
-
-try:
-    import requests
-    from etcd3gw.client import Etcd3Client
-except ImportError:  # EtcdBackend then refuses to start (MissingDriver): neither is used
-    requests = Etcd3Client = None
+from .etcd_http import Member, Unavailable, tls_context
 
 
 def lease_seconds(ttl, field, minimum):
@@ -75,27 +66,6 @@ def first_kv(response):
 TRUSTED_SHARE = 0.75
 
 
-class Unavailable(Exception):
-    """This member did not answer (or cannot serve): try the next one.
-    `maybe_applied`: the request may have reached it, and a write may have
-    been applied though no answer came (read timeout, a connection broken
-    after the request was sent, a 503 such as "request timed out"); false
-    only when the request was never sent (no connection was made)."""
-
-    def __init__(self, why, maybe_applied=True):
-        Exception.__init__(self, why)
-        self.maybe_applied = maybe_applied
-
-
-def _never_sent(exc):
-    """Whether a requests error happened before the request was sent: no
-    connection was made (refused, unreachable, or the connect timed out)."""
-    if isinstance(exc, requests.ConnectTimeout):
-        return True
-    reason = getattr(exc.args[0], "reason", None) if exc.args else None  # urllib3's MaxRetryError
-    return reason is not None and reason.__class__.__name__ == "NewConnectionError"
-
-
 class NoAnswer(OutcomeUnknown):
     """No member answered within op_timeout. A write may still have been
     applied: a member that timed out, broke the connection or answered 503
@@ -136,15 +106,11 @@ class EtcdGateway(object):
         self.answered_after_a_lost_try = False
 
     def _members(self):
+        """The members' connections, made at the first call (the TLS files
+        are read then)."""
         if self._clients is None:
-            self._clients = [Etcd3Client(host=host, port=port, protocol=self.protocol, ca_cert=self.ca_file,
-                                         cert_cert=self.cert, cert_key=self.key_file, api_path="/v3/")
-                             for host, port in self.endpoints]
-            if self.ca_file:
-                for client in self._clients:
-                    # requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE in the environment replace the
-                    # session's CA (ca_file) on every request: the CA given must be the one verified.
-                    client.session.trust_env = False
+            tls = tls_context(self.ca_file, self.cert, self.key_file) if self.protocol == "https" else None
+            self._clients = [Member(host, port, tls) for host, port in self.endpoints]
         return self._clients
 
     def _ordered(self):
@@ -203,12 +169,7 @@ class EtcdGateway(object):
         connect_timeout, answer_timeout = timeouts
         for attempt in (1, 2):
             headers = {"Authorization": self._login(client, timeouts)} if self.password is not None else {}
-            try:
-                response = client.session.post(client.get_url(path), json=payload, headers=headers, stream=stream,
-                                               timeout=(connect_timeout, read_timeout or answer_timeout))
-            except requests.RequestException as exc:
-                raise Unavailable(exc.__class__.__name__ if isinstance(exc, requests.Timeout) else exc,
-                                  maybe_applied=not _never_sent(exc))
+            response = client.post(path, payload, headers, (connect_timeout, read_timeout or answer_timeout), stream)
             if response.status_code == 200:
                 return response if stream else response.json()
             error = _error_text(response)
@@ -235,10 +196,9 @@ class EtcdGateway(object):
         within TIMEOUTS (connect, answer)."""
         if self._token is None:
             try:
-                response = client.session.post(client.get_url("/auth/authenticate"),
-                                               json={"name": self.user, "password": self.password},
-                                               timeout=timeouts)
-            except requests.RequestException as exc:
+                response = client.post("/auth/authenticate", {"name": self.user, "password": self.password}, {},
+                                       timeouts)
+            except Unavailable as exc:
                 raise Unavailable(exc, maybe_applied=False)  # the login, not the request
             if response.status_code != 200:
                 error = _error_text(response)
@@ -363,7 +323,7 @@ class EtcdGateway(object):
     def close(self):
         clients, self._clients = self._clients, None
         for client in clients or ():
-            client.session.close()
+            client.close()
 
 
 def _lease_id(answer):
@@ -394,7 +354,7 @@ def prefix_end(prefix):
 def json_lines(response):
     """The messages of a gateway stream: one JSON object per line."""
     pending = b""
-    for chunk in response.iter_content(chunk_size=None):
+    for chunk in response.chunks():
         pending += chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)

@@ -14,13 +14,13 @@ import math
 import os
 import time
 
-from ..errors import BackendError, ConfigError, MissingDriver, OutcomeUnknown
+from ..errors import BackendError, ConfigError, OutcomeUnknown
 from ..options import BACKEND_MIN_TTL
 from ..safefile import require_regular
 from ..slots import outcome_marker
 from ..validate import backend_url
 from .base import Backend, Pause, Slot, history_entry, history_keep, history_record, lease_ms, pause_ms
-from .etcd_gateway import KV, Etcd3Client, EtcdGateway, answer_date, b64, first_kv, prefix_end
+from .etcd_gateway import KV, EtcdGateway, answer_date, b64, first_kv, prefix_end
 from .etcd_grant import EtcdGrant, lock_view, overdue
 from .etcd_keys import KeyNames
 from .etcd_line import EtcdLine
@@ -37,13 +37,11 @@ class EtcdBackend(Backend):
     name = "etcd"
 
     def __init__(self, url, password=None, op_timeout=2.0, ca_file=None):
-        if Etcd3Client is None:
-            raise MissingDriver("etcd3gw", "python3-etcd3gw", "etcd://")
         parts = backend_url(url)
         if password is not None and not parts.user:
             raise ConfigError("backend: etcd has no default user: name the user in the URL "
                               "(etcd://USER@host:2379,...) to log in with a password")
-        # Files the driver opens itself must be regular files (a FIFO would
+        # Files ssl opens itself must be regular files (a FIFO would
         # block it beyond any timeout of ours).
         cert, key_file = parts.query.get("cert"), parts.query.get("key")
         if cert:

@@ -20,7 +20,8 @@ import time
 from ..boottime import now
 from ..errors import BackendError
 from .base import Grant, LockView
-from .etcd_gateway import b64, first_kv, json_lines, lease_seconds, prefix_end, requests, unb64
+from .etcd_gateway import b64, first_kv, json_lines, lease_seconds, prefix_end, unb64
+from .etcd_http import Unavailable
 
 
 class EtcdLine(object):
@@ -226,7 +227,7 @@ class EtcdLine(object):
                     return  # compacted past `since`: ask again
                 if time.monotonic() >= deadline:
                     return
-        except (requests.RequestException, ValueError):
+        except (Unavailable, ValueError):
             return  # the read timed out (no release within timeout) or the stream broke
         finally:
             response.close()

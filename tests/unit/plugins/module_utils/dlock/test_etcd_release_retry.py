@@ -7,8 +7,9 @@ next then finds the lock changed, by our own release. The release must say
 so (uncertain), not that the lease was no longer ours. A member that was
 never reached (refused) applied nothing: the next member's answer stands.
 
-The members are stand-ins for etcd's gateway sharing one store: enough of
-/kv/range, /kv/txn and /lease/revoke for a release.
+The members are stand-ins for etcd_http.Member sharing one store: enough of
+/kv/range, /kv/txn and /lease/revoke for a release. What a real socket's
+failure says (maybe_applied) is test_etcd_http.py's.
 """
 
 import base64
@@ -16,14 +17,9 @@ import json
 
 import pytest
 
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.etcd_http import Unavailable
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.etcd_lease import EtcdBackend
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.errors import OutcomeUnknown
-
-# The driver's stack, as on a node (the integration session has it; ansible-test
-# units' own environments do not).
-pytest.importorskip("etcd3gw")
-requests = pytest.importorskip("requests")
-urllib3 = pytest.importorskip("urllib3")
 
 OWNER = "node-1:1234:abcd"
 
@@ -56,7 +52,7 @@ class Store(object):
         return {}
 
 
-class Response(object):
+class Answer(object):
     status_code = 200
 
     def __init__(self, body):
@@ -72,19 +68,18 @@ class Member(object):
 
     def __init__(self, store, number, fails=None):
         self.store, self.host, self.port, self.fails = store, "10.0.0.%d" % number, 2379, fails
-        self.session = self
 
-    def get_url(self, path):
-        return path
-
-    def post(self, path, json=None, **_kwargs):  # pylint: disable=redefined-outer-name
+    def post(self, path, payload, _headers, _timeouts, stream=False):
+        assert not stream
         if self.fails == "refused":
-            reason = urllib3.exceptions.NewConnectionError(None, "Connection refused")
-            raise requests.ConnectionError(urllib3.exceptions.MaxRetryError(None, path, reason))
-        body = self.store.answer(path, json)
+            raise Unavailable("ConnectionRefusedError: [Errno 111] Connection refused", maybe_applied=False)
+        body = self.store.answer(path, payload)
         if self.fails == "lost" and path == "/kv/txn":
-            raise requests.ReadTimeout("read timed out")
-        return Response(body)
+            raise Unavailable("timed out")
+        return Answer(body)
+
+    def close(self):
+        """Nothing to close."""
 
 
 def backend(first_fails, changed_by_another=False):
