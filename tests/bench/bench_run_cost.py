@@ -19,9 +19,13 @@ file (jobs/bench.json: the command `true`), as `dlock run --config FILE
 --job bench`, with DLOCK_CGROUP=off: the job units of the roles run as
 their own users and make no cgroup. The servers are real, on loopback
 (tests/servers.py); the interpreter is --python (default: this one, which
-has all three drivers; Debian 12's /usr/bin/python3 has no etcd3gw).
+has both drivers).
 
-  python tests/bench/bench_run_cost.py [--rounds N] [--python PY] [--quick]
+--before-ref REF adds, in the same interleaved rounds, the runs of the
+engine of that git ref (e.g. one that imported etcd3gw for etcd; the
+interpreter then needs what that engine imports).
+
+  python tests/bench/bench_run_cost.py [--rounds N] [--python PY] [--quick] [--before-ref REF]
 """
 
 import argparse
@@ -40,7 +44,9 @@ sys.path[:0] = [HERE, os.path.join(ROOT, "tests")]
 import servers  # noqa: E402
 from bench_startup import MODULE_UTILS, install_engine  # noqa: E402
 
-DRIVERS = (("file", None), ("redis", "redis"), ("postgresql", "psycopg"), ("etcd", "etcd3gw"))
+# The driver each backend imports; etcd's is the standard library's HTTP and
+# TLS (backends/etcd_http.py).
+DRIVERS = (("file", None), ("redis", "redis"), ("postgresql", "psycopg"), ("etcd", "http.client, ssl"))
 
 
 def node_files(directory, url):
@@ -79,11 +85,22 @@ def interleaved(commands, rounds, env, scratch):
     return samples
 
 
+def engine_of(ref, scratch):
+    """The engine's source (plugins/module_utils/dlock) at git REF, extracted into SCRATCH."""
+    archive = subprocess.run(["git", "-C", ROOT, "archive", ref, "plugins/module_utils/dlock"], capture_output=True,
+                             check=True).stdout
+    into = os.path.join(scratch, "source-" + ref.replace("/", "_"))
+    os.makedirs(into)
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return os.path.join(into, "plugins", "module_utils")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--python", default=sys.executable, help="the nodes' interpreter, with the three drivers")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 3 rounds")
+    parser.add_argument("--before-ref", help="also run the engine of this git ref, side by side")
     args = parser.parse_args()
     if not os.access(GNU_TIME, os.X_OK):
         parser.error("needs GNU time at %s (apt-get install time; scripts/setup.sh installs it)" % GNU_TIME)
@@ -95,12 +112,17 @@ def main():
             "postgresql": pg_server.url(), "etcd": etcd_server.url}
     try:
         wrapper = install_engine(args.python, MODULE_UTILS, os.path.join(scratch, "engine"))
+        before = install_engine(args.python, engine_of(args.before_ref, scratch), os.path.join(scratch, "before")) \
+            if args.before_ref else None
         commands = {"true": ["true"], "python -I -c pass": [args.python, "-I", "-c", "pass"]}
         for backend, driver in DRIVERS:
             if driver:
                 commands["python -I -c 'import %s'" % driver] = [args.python, "-I", "-c", "import " + driver]
             config = node_files(os.path.join(scratch, backend), urls[backend])
             commands["dlock run %s -- true" % backend] = [wrapper, "run", "--config", config, "--job", "bench"]
+            if before:
+                name = "  %s at %s" % (backend, args.before_ref)
+                commands[name] = [before, "run", "--config", config, "--job", "bench"]
         for argv in commands.values():  # warm: the schema, the scripts, the page cache
             cost(argv, env, scratch)
         samples = interleaved(commands, rounds, env, scratch)
@@ -113,10 +135,11 @@ def main():
                    for name, values in samples.items())
     report = {"rounds": rounds, "python": args.python, "rows": {}}
     base_cpu, base_rss = medians["python -I -c pass"]
-    print("%-34s %9s %9s %9s %9s %10s %10s" % ("", "CPU", "/driver", "/pass", "peak RSS", "/driver", "/pass"))
+    print("%-40s %9s %9s %9s %9s %10s %10s" % ("", "CPU", "/driver", "/pass", "peak RSS", "/driver", "/pass"))
     for backend, driver in DRIVERS:
         names = ["python -I -c 'import %s'" % driver] if driver else []
-        for name in names + ["dlock run %s -- true" % backend]:
+        ref_rows = ["  %s at %s" % (backend, args.before_ref)] if args.before_ref else []
+        for name in names + ["dlock run %s -- true" % backend] + ref_rows:
             cpu, rss = medians[name]
             anchor_cpu, anchor_rss = medians[names[0]] if driver else (base_cpu, base_rss)
             report["rows"][name] = {"cpu_ms": round(cpu * 1000, 2), "peak_rss_kib": rss,
@@ -124,13 +147,13 @@ def main():
                                     "rss_to_driver": round(rss / float(anchor_rss), 3),
                                     "rss_to_pass": round(rss / float(base_rss), 3)}
             row = report["rows"][name]
-            print("%-34s %7.1fms %8.2fx %8.2fx %7.1fMiB %9.2fx %9.2fx" % (
+            print("%-40s %7.1fms %8.2fx %8.2fx %7.1fMiB %9.2fx %9.2fx" % (
                 name, row["cpu_ms"], row["cpu_to_driver"], row["cpu_to_pass"], rss / 1024.0, row["rss_to_driver"],
                 row["rss_to_pass"]))
     for name in ("python -I -c pass", "true"):
         cpu, rss = medians[name]
         report["rows"][name] = {"cpu_ms": round(cpu * 1000, 2), "peak_rss_kib": rss}
-        print("%-34s %7.1fms %19s %7.1fMiB" % (name, cpu * 1000, "", rss / 1024.0))
+        print("%-40s %7.1fms %19s %7.1fMiB" % (name, cpu * 1000, "", rss / 1024.0))
     print("(medians of %d interleaved rounds; file's /driver column is to python -I -c pass)" % rounds)
     with open(os.path.join(HERE, "report-run-cost.json"), "w") as handle:
         json.dump(report, handle, indent=2)
