@@ -65,9 +65,9 @@ notes:
     C(site.yml) as a variable is written nowhere; give it as C(password) of C(dlock_backend) then.
   - The backend's driver (see the requirements) is needed on the host that runs the lock operation, the
     controller unless M(dlock.fleet.dlock) runs on the target (C(run_on=target)), and only the one of the backend
-    in use. V(etcd://) and V(etcd+https://) need none: the standard library speaks to etcd's gateway.
+    in use. V(redis://), V(rediss://), V(etcd://) and V(etcd+https://) need none, as the engine speaks their
+    protocols with the standard library.
 # ansible-doc joins the requirements with commas: each is a phrase, not a sentence.
 requirements:
-  - redis >= 4.3 (Python package) for V(redis://) and V(rediss://)
   - psycopg >= 3.1 (Python package) for V(postgresql://) and V(postgresql+advisory://)
 """

@@ -31,13 +31,7 @@ def debug_redis():
 def _sleep_ahead(backend, seconds):
     """DEBUG SLEEP on the backend's own connection, its answer not read: the
     backend's next command waits behind it on the server, in order."""
-    pool = backend.client.connection_pool
-    try:
-        conn = pool.get_connection()
-    except TypeError:  # redis-py before 5.3 wants a command name
-        conn = pool.get_connection("DEBUG")
-    conn.send_command("DEBUG", "SLEEP", seconds)
-    pool.release(conn)
+    backend.client.send("DEBUG", "SLEEP", seconds)
 
 
 def test_a_grant_whose_answer_timed_out_is_undone_and_the_next_runner_is_granted(debug_redis, unique_key):

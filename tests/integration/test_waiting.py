@@ -111,7 +111,7 @@ def _nudge(url, key, owner, backend):
     """A wake-up for `owner` that is no release: what each backend's waiter listens for."""
     kind = scheme(url)
     if kind == "redis":
-        backend.client.publish("dlock:{%s}:wake" % key, owner)
+        backend.client.call("PUBLISH", "dlock:{%s}:wake" % key, owner)
     elif kind.startswith("postgresql"):
         backend.conn.execute("SELECT pg_notify('dlock', %s)", ("%s %s" % (key, owner),))
     else:  # etcd: the waiter watches the ticket before its own; that one leaves the line

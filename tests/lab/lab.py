@@ -61,7 +61,7 @@ MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = "systemd,systemd-sysv,python3,dbus,iproute2,openssh-server,sudo"
 # Baked in because nodes have no route to a mirror: what the roles install.
 ROLE_PACKAGES = [
-    "python3-redis", "python3-psycopg", "redis-server", "redis-tools", "postgresql",
+    "python3-psycopg", "redis-server", "redis-tools", "postgresql",
     "chrony", "prometheus-node-exporter", "python3-apt", "ca-certificates", "procps",
     "iputils-ping", "etcd-server", "etcd-client",
     "cron",  # not a role's: tests/bench/bench_rollout.py's anchor writes cron entries (ansible.builtin.cron needs crontab)

@@ -34,7 +34,7 @@ BACKEND_TYPES = ["redis", "postgresql"]
 # one backend and two nodes before).
 DIFF_LINES_BOUND = 1200
 PACKAGES = ["redis-server", "redis-tools", "postgresql", "postgresql-15", "chrony", "prometheus-node-exporter",
-            "python3-redis", "python3-psycopg"]
+            "python3-psycopg"]
 CHECK_JOB = {"name": "check-only", "command": ["true"], "schedule": "hourly", "once_per": "1h"}
 
 

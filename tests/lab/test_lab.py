@@ -82,7 +82,7 @@ def test_inventory(lab):
 def test_baked_packages_install_offline(lab):
     node = lab.group("dlock_nodes")[0]
     r = lab.ssh(node, "apt-get install -y redis-server postgresql chrony prometheus-node-exporter "
-                      "python3-redis python3-psycopg python3-apt etcd-server etcd-client")
+                      "python3-psycopg python3-apt etcd-server etcd-client")
     assert r.returncode == 0, r.stderr
     assert "0 newly installed" in r.stdout
     for unit in ("redis-server", "etcd"):

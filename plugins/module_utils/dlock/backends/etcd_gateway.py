@@ -20,7 +20,8 @@ import time
 from ..errors import AuthError, BackendError, OutcomeUnknown
 from ..validate import MAX_DURATION
 from .base import endpoint, lease_ms
-from .etcd_http import Member, Unavailable, tls_context
+from .etcd_http import Member, Unavailable
+from .tls import tls_context
 
 
 def lease_seconds(ttl, field, minimum):

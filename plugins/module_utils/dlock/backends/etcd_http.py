@@ -20,10 +20,7 @@ import http.client
 import json
 import select
 import socket
-import ssl
 import threading
-
-from ..errors import ConfigError
 
 API = "/v3"
 
@@ -38,21 +35,6 @@ class Unavailable(Exception):
     def __init__(self, why, maybe_applied=True):
         Exception.__init__(self, why)
         self.maybe_applied = maybe_applied
-
-
-def tls_context(ca_file=None, cert=None, key_file=None):
-    """Verify the members against CA_FILE alone when given (not a bundle the
-    environment names: SSL_CERT_FILE is only read for the system's default),
-    else against the system's CAs; their names or addresses are checked as
-    well. CERT and KEY_FILE: our client certificate."""
-    try:
-        context = ssl.create_default_context(cafile=ca_file)
-        if cert:
-            context.load_cert_chain(cert, key_file)
-    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-        raise ConfigError("backend: cannot load the TLS %s: %s"
-                          % ("CA file %s" % ca_file if ca_file else "client certificate", exc))
-    return context
 
 
 class Answer(object):

@@ -21,35 +21,19 @@ with EXISTS and use the sorted-set commands and PUBLISH only when it exists,
 so a runner that never waits needs no other commands than before.
 """
 
+import hashlib
 import json
 import time
 
-from ..errors import AuthError, BackendError, MissingDriver, OutcomeUnknown
+from ..errors import AuthError, BackendError, OutcomeUnknown
 from ..slots import DONE, SLOT_TRIES, marker_owner, outcome_marker
-from ..validate import MAX_DURATION
+from ..validate import MAX_DURATION, backend_url
 from .base import (Backend, Grant, LockView, Pause, endpoint, grant_not_counted, history_entry, history_keep,
                    history_record, lease_ms, pause_ms, scope_parts)
+from .redis_resp import Connection, ReplyError, Unanswered
+from .tls import tls_context
 
-try:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-except ImportError:
-    redis = None
-
-# redis-py 5+ sends CLIENT SETINFO LIB-NAME and LIB-VER on every new
-# connection: two round trips before the first command, for a label in
-# CLIENT LIST. None turns them off: driver_info where redis-py has it (late
-# 2025 on; it deprecates lib_name and lib_version), else lib_name and
-# lib_version (5.0 on). redis-py 4 (Debian 12's 4.3) sends neither.
-NO_SETINFO = {}
-if redis is not None:
-    try:
-        import redis.driver_info  # only its presence matters
-        NO_SETINFO = {"driver_info": None}
-    except ImportError:
-        if hasattr(redis.utils, "get_lib_version"):  # redis-py 5 on
-            NO_SETINFO = {"lib_name": None, "lib_version": None}
+DEFAULT_PORT = 6379
 
 # Time in ms from the server clock, inside scripts (TIME is allowed with
 # effects replication, the default since Redis 5).
@@ -282,7 +266,7 @@ def _slot_marker(key, slot):
 def _lock_view(key, lease, pttl, counter, last_json, now):
     """The LockView of query_many's five replies for key."""
     owner, acquired_ms, lease_fence = lease
-    sec, usec = now
+    sec, usec = int(now[0]), int(now[1])  # TIME's two strings
     return LockView(
         key,
         owner=owner,
@@ -299,6 +283,10 @@ class NoAnswer(OutcomeUnknown):
     or may not have run on the server."""
 
 
+class _NoScript(BackendError):
+    """The server has not loaded the script (EVALSHA's NOSCRIPT)."""
+
+
 def _queue(key):
     """The line of waiters (queue, tickets) and the channel that wakes them."""
     base = "dlock:{%s}:" % key
@@ -309,45 +297,58 @@ class RedisBackend(Backend):
     name = "redis"
 
     def __init__(self, url, password=None, op_timeout=2.0, ca_file=None):
-        if redis is None:
-            raise MissingDriver("redis", "python3-redis", "redis://")
-        kwargs = dict(password=password, socket_timeout=op_timeout, socket_connect_timeout=op_timeout,
-                      decode_responses=True, retry_on_timeout=False, retry=Retry(NoBackoff(), 0), **NO_SETINFO)
-        if url.startswith("rediss://"):
-            # Verify the server's name too: redis-py before 5 (Debian 12 ships
-            # 4.3) only checks that some certificate of the CA is presented.
-            kwargs["ssl_check_hostname"] = True
-            if ca_file:
-                kwargs["ssl_ca_certs"] = ca_file
-        self.client = redis.Redis.from_url(url, **kwargs)
+        parts = backend_url(url)
+        host, port = parts.hosts[0]
+        # rediss://: the server's certificate and its name are verified
+        # (tls.py), against ca_file when given.
+        tls = tls_context(ca_file) if parts.scheme == "rediss" else None
+        self._connection = dict(host=host, port=port or DEFAULT_PORT, db=int(parts.path or 0), username=parts.user,
+                                password=password, tls=tls, timeout=op_timeout)
+        self.client = Connection(**self._connection)
         self.op_timeout = op_timeout
-        self._scripts = {}
-        self._pubsub = None  # subscribed to the wake channel of the key we wait for
+        self._shas = {}  # script source -> its SHA1, as EVALSHA names it
+        self._pubsub = None  # a connection subscribed to the wake channel of the key we wait for
+        self._subscribed = None  # that channel
         self._waiting_as = {}  # key -> the owner that waits in line
 
     def _script(self, source, keys, args):
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = self.client.register_script(source)
-        return self._call(script, keys=keys, args=args)
-
-    def _call(self, fn, *args, **kwargs):
+        """EVALSHA; the first time a server has not seen the script
+        (NOSCRIPT), SCRIPT LOAD and EVALSHA again (the role's ACL allows
+        these two, not EVAL)."""
+        sha = self._shas.get(source)
+        if sha is None:
+            sha = self._shas[source] = hashlib.sha1(source.encode("utf-8")).hexdigest()
+        command = ["EVALSHA", sha, len(keys)] + list(keys) + list(args)
         try:
-            return fn(*args, **kwargs)
-        except redis.AuthenticationError as exc:
-            raise AuthError("redis: authentication failed (%s)" % exc)
-        except redis.ResponseError as exc:
-            if "WRONGPASS" in str(exc) or "NOAUTH" in str(exc):
+            return self._call(*command)
+        except _NoScript:
+            self._call("SCRIPT", "LOAD", source)
+            return self._call(*command)
+
+    def _call(self, *command):
+        """One command's reply, its failures as the engine's errors."""
+        return self._calls(self.client.call, *command)
+
+    def _transaction(self, commands):
+        """COMMANDS in one MULTI/EXEC: their replies."""
+        return self._calls(self.client.transaction, commands)
+
+    @staticmethod
+    def _calls(send, *args):
+        try:
+            return send(*args)
+        except ReplyError as exc:
+            if exc.code in ("WRONGPASS", "NOAUTH"):
                 raise AuthError("redis: authentication failed (%s)" % exc)
+            if exc.code == "NOSCRIPT":
+                raise _NoScript(str(exc))
             raise BackendError("redis: %s" % exc)
-        except (redis.TimeoutError, redis.ConnectionError) as exc:
-            raise NoAnswer("redis: %s" % (exc or exc.__class__.__name__))
-        except redis.RedisError as exc:
-            raise BackendError("redis: %s" % (exc or exc.__class__.__name__))
+        except Unanswered as exc:
+            raise NoAnswer("redis: %s" % exc)
 
     def server_time(self):
-        seconds, micros = self._call(self.client.time)
-        return seconds + micros / 1e6
+        seconds, micros = self._call("TIME")
+        return int(seconds) + int(micros) / 1e6
 
     def acquire(self, key, owner, ttl, slot=None, pauses=()):
         for _try in range(SLOT_TRIES):
@@ -407,18 +408,12 @@ class RedisBackend(Backend):
         return Pause.from_record(scope, text)
 
     def resume(self, scope):
-        pipe = self.client.pipeline(transaction=True)
-        pipe.get(_pause_key(scope))
-        pipe.delete(_pause_key(scope))
-        text, _deleted = self._call(pipe.execute)
+        text, _deleted = self._transaction([("GET", _pause_key(scope)), ("DEL", _pause_key(scope))])
         return None if text is None else Pause.from_record(scope, text)
 
     def read_pauses(self, scopes):
         # GETs in MULTI/EXEC, as query_many reads: commands the role's ACL has (no MGET).
-        pipe = self.client.pipeline(transaction=True)
-        for scope in scopes:
-            pipe.get(_pause_key(scope))
-        texts = self._call(pipe.execute)
+        texts = self._transaction([("GET", _pause_key(scope)) for scope in scopes])
         return [Pause.from_record(scope, text) for scope, text in zip(scopes, texts) if text is not None]
 
     def _undo_grant(self, key, owner, ttl, slot):
@@ -445,10 +440,10 @@ class RedisBackend(Backend):
         return self._script(ADD_HISTORY, keys, args) == 1
 
     def slot_claimed(self, key, number):
-        return self._call(self.client.exists, "dlock:{%s}:slot:%d" % (key, number)) == 1
+        return self._call("EXISTS", "dlock:{%s}:slot:%d" % (key, number)) == 1
 
     def read_history(self, key, limit):
-        texts = self._call(self.client.lrange, "dlock:{%s}:history" % key, 0, limit - 1)
+        texts = self._call("LRANGE", "dlock:{%s}:history" % key, 0, limit - 1)
         return [history_entry(text) for text in texts]
 
     def renew(self, key, owner, ttl):
@@ -478,15 +473,12 @@ class RedisBackend(Backend):
     def query_many(self, keys):
         """One MULTI/EXEC for all keys: one round trip, and no write of
         another client between the reads of a key (nor between the keys)."""
-        pipe = self.client.pipeline(transaction=True)
+        commands = []
         for key in keys:
             lease, fence, last = _keys(key)
-            pipe.hmget(lease, "owner", "acquired_ms", "fence")
-            pipe.pttl(lease)
-            pipe.get(fence)
-            pipe.get(last)
-            pipe.time()
-        replies = self._call(pipe.execute)
+            commands += [("HMGET", lease, "owner", "acquired_ms", "fence"), ("PTTL", lease), ("GET", fence),
+                         ("GET", last), ("TIME",)]
+        replies = self._transaction(commands)
         return [_lock_view(key, *replies[5 * index:5 * index + 5]) for index, key in enumerate(keys)]
 
     # -- waiting --------------------------------------------------------------
@@ -506,33 +498,33 @@ class RedisBackend(Backend):
         """Subscribe (once) and wait for the server's confirmation: only then
         is a release published after our next try sure to reach us. A
         refusal (an ACL without the channel) leaves us without wake-ups."""
-        if self._pubsub is not None and channel in self._pubsub.channels:
+        if self._pubsub is not None and self._subscribed == channel:
             return
+        self._close_pubsub()  # one subscription at a time: a wait is for one key
+        self._pubsub = Connection(**self._connection)
         try:
-            if self._pubsub is None:
-                self._pubsub = self.client.pubsub()
-            self._pubsub.subscribe(channel)
+            self._pubsub.send("SUBSCRIBE", channel)
             deadline = time.monotonic() + self.op_timeout
             while time.monotonic() < deadline:
-                message = self._pubsub.get_message(timeout=deadline - time.monotonic())
-                if message is not None and message["type"] == "subscribe" and message["channel"] == channel:
+                reply = self._pubsub.read(deadline - time.monotonic())
+                if isinstance(reply, ReplyError):
+                    break  # refused (NOPERM: an ACL without the channel)
+                if reply is not None and reply[:2] == ["subscribe", channel]:
+                    self._subscribed = channel
                     return
-        except redis.RedisError:
+        except (Unanswered, ReplyError):
             pass
         self._close_pubsub()  # not confirmed: no wake-ups, waiting goes by time
 
     def _close_pubsub(self):
-        pubsub, self._pubsub = self._pubsub, None
+        pubsub, self._pubsub, self._subscribed = self._pubsub, None, None
         if pubsub is not None:
-            try:
-                pubsub.close()
-            except redis.RedisError:
-                pass
+            pubsub.close()
 
     def wait_change(self, key, timeout):
-        """Wait for a message on the key's wake channel (redis-py's
-        get_message(timeout) polls the subscription's socket for at most
-        that long, whatever the client's socket_timeout)."""
+        """Wait for a message on the key's wake channel, at most TIMEOUT
+        (the subscription's connection waits that long for it, whatever
+        op_timeout)."""
         channel, owner = _queue(key)[2], self._waiting_as.get(key)
         deadline = time.monotonic() + timeout
         while True:
@@ -543,18 +535,18 @@ class RedisBackend(Backend):
                 time.sleep(left)
                 return
             try:
-                message = self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
-            except redis.RedisError:
+                message = self._pubsub.read(left)
+            except Unanswered:
                 self._close_pubsub()
                 continue
-            if message is not None and message["type"] == "message" and message["channel"] == channel \
-                    and (owner is None or message["data"] == owner):
+            if isinstance(message, list) and message[:2] == ["message", channel] \
+                    and (owner is None or message[2] == owner):
                 return
 
     def describe(self, cluster=False):
         """The one server of the URL (a lock never runs on Redis replicas)."""
-        kwargs = self.client.connection_pool.connection_kwargs
-        return {"backend": self.name, "member": {"endpoint": endpoint(kwargs["host"], kwargs["port"])}, "cluster": None}
+        return {"backend": self.name, "member": {"endpoint": endpoint(self.client.host, self.client.port)},
+                "cluster": None}
 
     def close(self):
         self._close_pubsub()

@@ -4,7 +4,6 @@ have been applied) decides whether the gateway's next member's answer
 stands. And a kept-alive connection the member closed while idle is not
 mistaken for a member that failed."""
 
-import socket
 import threading
 
 import pytest
@@ -16,58 +15,21 @@ LINE = b'{"a": 1}\n'
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
 
-class Server(object):
-    """A listener on loopback that serves each connection with `serve(conn)`
-    in a thread of its own, and counts the connections it accepted."""
-
-    def __init__(self, serve):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.accepted = 0
-        self.requests = 0
-        self._serve = serve
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _address = self.listener.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            threading.Thread(target=self._serve, args=(self, conn), daemon=True).start()
-
-    def read_request(self, conn):
-        """One request's bytes (headers and a JSON body, which ends in '}')."""
-        data = b""
-        while not data.endswith(b"}"):
-            chunk = conn.recv(65536)
-            if not chunk:
-                return None
-            data += chunk
-        self.requests += 1
-        return data
-
-    def close(self):
-        self.listener.close()
+def read_request(conn, seen):
+    """One request's bytes (headers and a JSON body, which ends in '}'),
+    appended to SEEN; None when the client closed the connection."""
+    data = b""
+    while not data.endswith(b"}"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    seen.append(data)
+    return data
 
 
-@pytest.fixture
-def serve():
-    servers = []
-
-    def start(handler):
-        servers.append(Server(handler))
-        return servers[-1]
-    yield start
-    for server in servers:
-        server.close()
-
-
-def test_a_member_that_refuses_the_connection_was_never_sent_the_request():
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        port = probe.getsockname()[1]  # closed again below: nothing listens there
-    member = Member("127.0.0.1", port)
+def test_a_member_that_refuses_the_connection_was_never_sent_the_request(closed_port):
+    member = Member("127.0.0.1", closed_port)
     with pytest.raises(Unavailable) as err:
         member.post("/kv/txn", {}, {}, TIMEOUTS)
     assert err.value.maybe_applied is False
@@ -75,32 +37,35 @@ def test_a_member_that_refuses_the_connection_was_never_sent_the_request():
 
 
 def test_a_member_that_takes_the_request_and_never_answers_may_have_applied_it(serve):
-    def silent(server, conn):
-        server.read_request(conn)
+    seen = []  # the requests the member received
+    def silent(conn):
+        read_request(conn, seen)
         threading.Event().wait(5)  # holds the connection open, with no answer
     server = serve(silent)
     member = Member("127.0.0.1", server.port)
     with pytest.raises(Unavailable) as err:
         member.post("/kv/txn", {"compare": []}, {}, TIMEOUTS)
     assert err.value.maybe_applied is True and str(err.value) == "timed out"
-    assert server.requests == 1
+    assert len(seen) == 1
 
 
 def test_a_member_that_breaks_the_connection_after_the_request_may_have_applied_it(serve):
-    def breaks(server, conn):
-        server.read_request(conn)
+    seen = []  # the requests the member received
+    def breaks(conn):
+        read_request(conn, seen)
         conn.close()
     server = serve(breaks)
     with pytest.raises(Unavailable) as err:
         Member("127.0.0.1", server.port).post("/kv/txn", {}, {}, TIMEOUTS)
-    assert err.value.maybe_applied is True and server.requests == 1
+    assert err.value.maybe_applied is True and len(seen) == 1
 
 
 def test_calls_share_one_connection_and_one_the_member_closed_while_idle_is_made_again(serve):
+    seen = []  # the requests the member received
     closing = threading.Event()
 
-    def answers_then_closes_when_told(server, conn):
-        while server.read_request(conn) is not None:
+    def answers_then_closes_when_told(conn):
+        while read_request(conn, seen) is not None:
             conn.sendall(OK)
             if closing.is_set():
                 conn.close()  # as a member's idle timeout, or its restart, would
@@ -113,12 +78,13 @@ def test_calls_share_one_connection_and_one_the_member_closed_while_idle_is_made
     closing.set()
     member.post("/kv/range", {}, {}, TIMEOUTS)  # answered, then the member closes the connection
     answer = member.post("/kv/txn", {}, {}, TIMEOUTS)  # not an Unavailable: a new connection
-    assert answer.status_code == 200 and server.accepted == 2 and server.requests == 4
+    assert answer.status_code == 200 and server.accepted == 2 and len(seen) == 4
 
 
 def test_a_stream_has_a_connection_of_its_own_and_its_read_times_out(serve):
-    def streams(server, conn):
-        server.read_request(conn)
+    seen = []  # the requests the member received
+    def streams(conn):
+        read_request(conn, seen)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n" + LINE + b"\r\n")
         threading.Event().wait(5)  # the rest of the stream never comes
     server = serve(streams)
