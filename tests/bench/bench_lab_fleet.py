@@ -10,7 +10,10 @@ timeline.
 
 - slot accuracy: --slots slots with the role's timer as an operator sets
   it for a frequent job (AccuracySec=100ms, RandomizedDelaySec=0), then as
-  many with RandomizedDelaySec=1s (a drop-in on every node): how late the
+  many with RandomizedDelaySec=1s (a drop-in on every node), on each of
+  --slot-backends in turn (redis: the Redis of site.yml; etcd: the bench's
+  own etcd member, below, which each node's dlock.json is pointed at; a run
+  on etcd costs a node less CPU than one on Redis, bench_run_cost.py): how late the
   winning job starts after its slot's boundary, p50/p99/max (target, issue
   26: p99 at most 1 s without a randomized delay; a slot with no run counts
   as a whole period late), the slots with no run,
@@ -34,7 +37,7 @@ timeline.
   others also time a process starting (a Python runner takes 100-300 ms to
   start on the loaded lab, etcdctl about 10), and are shown apart.
 
-  python tests/bench/bench_lab_fleet.py [--nodes 20] [--period 5] [--slots 24]
+  python tests/bench/bench_lab_fleet.py [--nodes 20] [--period 5] [--slots 24] [--slot-backends redis,etcd]
                                         [--waiters 8] [--grants 10] [--rounds 2] [--keep]
 """
 
@@ -183,6 +186,7 @@ def main():
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--period", type=int, default=5)
     parser.add_argument("--slots", type=int, default=24, help="slots a phase; 0: no slot phases (the handoff only)")
+    parser.add_argument("--slot-backends", default="redis,etcd", help="the slot phases' backends, in turn")
     parser.add_argument("--waiters", type=int, default=8)
     parser.add_argument("--grants", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
@@ -205,9 +209,10 @@ def main():
         print("site.yml on %d nodes in %.0fs" % (len(names), time.monotonic() - started))
         memory = [node_memory_kib(name) or 0 for name in nodes]
         print("job nodes after site.yml: memory (Pss) at most %.1f MiB a node" % (max(memory) / 1024.0))
+        etcd_url = start_etcd(lab, lab.group("dlock_backend")[0])
         if args.slots:
             slot_accuracy(lab, nodes, args)
-        handoff(lab, nodes, args)
+        handoff(lab, nodes, args, etcd_url)
     finally:
         if not args.keep:
             lab.down()
@@ -216,25 +221,46 @@ def main():
 def slot_accuracy(lab, nodes, args):
     """The slot phases: without and with a randomized delay."""
     print("\nslot accuracy, %d nodes, a slot every %ds, %d slots each:" % (len(nodes), args.period, args.slots))
-    print("%-22s %9s %7s %7s %9s %9s %9s %9s" % (
-        "RandomizedDelaySec", "slots run", "missed", "early", "late p50", "late p99", "late max", "losers"))
-    for delay in (0, 1):
+    print("%-8s %-18s %9s %7s %7s %9s %9s %9s %9s" % (
+        "backend", "RandomizedDelaySec", "slots run", "missed", "early", "late p50", "late p99", "late max", "losers"))
+    for backend, delay in [(name, delay) for name in args.slot_backends.split(",") for delay in (0, 1)]:
+        if delay == 0:
+            use_backend(lab, nodes, backend)
         row = run_slots(lab, nodes, args.period, args.slots, delay)
-        print("%-22s %9d %7d %7d %9.3f %9.3f %9.3f %9.1f%s" % (
-            "%gs" % delay, row["slots_run"], row["missed"], row["early"], row["late_p50"], row["late_p99"],
+        print("%-8s %-18s %9d %7d %7d %9.3f %9.3f %9.3f %9.1f%s" % (
+            backend, "%gs" % delay, row["slots_run"], row["missed"], row["early"], row["late_p50"], row["late_p99"],
             row["late_max"],
             row["losers_per_slot"],
             "  target p99 <= %gs: %s" % (TARGET_SLOT_P99, "met" if row["late_p99"] <= TARGET_SLOT_P99 else "NOT met")
             if delay == 0 else ""))
         if row["missed_slots"]:
-            print("%22s the phase's slots with no run (0: its first): %s" % (
+            print("%31s the phase's slots with no run (0: its first): %s" % (
                 "", " ".join(str(number) for number in row["missed_slots"])))
 
 
-def handoff(lab, nodes, args):
+def use_backend(lab, nodes, backend):
+    """Point every node's dlock.json at BACKEND: "redis" (site.yml's, as it
+    wrote it) or "etcd" (the bench's member, which has no users: its URL,
+    with no password file, and the job's unit without the Redis password's
+    credential, in a drop-in)."""
+    dropin = "/etc/systemd/system/%s.service.d/bench-etcd.conf" % UNIT
+    if backend == "redis":
+        command = ("test ! -e /etc/dlock/dlock.json.site || mv /etc/dlock/dlock.json.site /etc/dlock/dlock.json; "
+                   "rm -f %s && systemctl daemon-reload" % dropin)
+    else:
+        url = "etcd://%s:%d/dlock" % (lab.addr(lab.group("dlock_backend")[0]), ETCD_PORT)
+        command = ("test -e /etc/dlock/dlock.json.site || cp -p /etc/dlock/dlock.json /etc/dlock/dlock.json.site; "
+                   "python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c.pop(\"password_file\", None); "
+                   "c[\"backend\"] = sys.argv[2]; json.dump(c, open(sys.argv[1], \"w\"))' /etc/dlock/dlock.json %s; "
+                   "mkdir -p %s && printf '[Service]\\nLoadCredential=\\n' > %s && systemctl daemon-reload"
+                   % (url, os.path.dirname(dropin), dropin))
+    with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
+        list(pool.map(lambda node: lab.ssh(node, command, check=True), nodes))
+
+
+def handoff(lab, nodes, args, url):
     """The handoff rounds, dlock and etcdctl interleaved, on the bench's own etcd."""
     backend = lab.group("dlock_backend")[0]
-    url = start_etcd(lab, backend)
     waiters = nodes[:args.waiters]
     for node in waiters:
         lab.ssh(node, "install -m 0644 /dev/stdin /etc/dlock/bench-etcd.json", check=True,
