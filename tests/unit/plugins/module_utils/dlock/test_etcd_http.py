@@ -38,6 +38,7 @@ def test_a_member_that_refuses_the_connection_was_never_sent_the_request(closed_
 
 def test_a_member_that_takes_the_request_and_never_answers_may_have_applied_it(serve):
     seen = []  # the requests the member received
+
     def silent(conn):
         read_request(conn, seen)
         threading.Event().wait(5)  # holds the connection open, with no answer
@@ -51,6 +52,7 @@ def test_a_member_that_takes_the_request_and_never_answers_may_have_applied_it(s
 
 def test_a_member_that_breaks_the_connection_after_the_request_may_have_applied_it(serve):
     seen = []  # the requests the member received
+
     def breaks(conn):
         read_request(conn, seen)
         conn.close()
@@ -83,6 +85,7 @@ def test_calls_share_one_connection_and_one_the_member_closed_while_idle_is_made
 
 def test_a_stream_has_a_connection_of_its_own_and_its_read_times_out(serve):
     seen = []  # the requests the member received
+
     def streams(conn):
         read_request(conn, seen)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n" + LINE + b"\r\n")
