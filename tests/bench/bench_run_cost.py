@@ -19,7 +19,7 @@ file (jobs/bench.json: the command `true`), as `dlock run --config FILE
 --job bench`, with DLOCK_CGROUP=off: the job units of the roles run as
 their own users and make no cgroup. The servers are real, on loopback
 (tests/servers.py); the interpreter is --python (default: this one, which
-has both drivers).
+has psycopg).
 
 --before-ref REF adds, in the same interleaved rounds, the runs of the
 engine of that git ref (e.g. one that imported etcd3gw for etcd; the
@@ -44,9 +44,11 @@ sys.path[:0] = [HERE, os.path.join(ROOT, "tests")]
 import servers  # noqa: E402
 from bench_startup import MODULE_UTILS, install_engine  # noqa: E402
 
-# The driver each backend imports; etcd's is the standard library's HTTP and
-# TLS (backends/etcd_http.py).
-DRIVERS = (("file", None), ("redis", "redis"), ("postgresql", "psycopg"), ("etcd", "http.client, ssl"))
+# What each backend imports to speak to its server: PostgreSQL's driver;
+# for Redis and etcd, the standard library's modules the engine speaks their
+# protocols with (backends/redis_resp.py, backends/etcd_http.py).
+DRIVERS = (("file", None), ("redis", "socket, ssl, hashlib"), ("postgresql", "psycopg"),
+           ("etcd", "http.client, ssl"))
 
 
 def node_files(directory, url):

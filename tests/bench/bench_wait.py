@@ -60,7 +60,8 @@ sys.path[:0] = [os.path.join(ROOT, "tests")]
 import servers  # noqa: E402
 
 JOB_SECONDS = 0.05
-DRIVERS = {"redis": "redis", "postgresql": "psycopg", "etcd": "http.client, ssl"}  # etcd: the standard library
+# What each backend imports (Redis and etcd: the standard library modules the engine speaks them with).
+DRIVERS = {"redis": "socket, ssl, hashlib", "postgresql": "psycopg", "etcd": "http.client, ssl"}
 HELD_AFTER_IN_LINE = 2.0  # takeover after a release: the lock is released this long after the waiter asked
 ENTRY = "import sys; sys.argv[0] = 'dlock'; from dlock.cli import main; raise SystemExit(main())"
 

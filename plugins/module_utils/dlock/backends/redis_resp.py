@@ -17,6 +17,7 @@ import socket
 
 ENCODING = "utf-8"
 MAX_BULK = 512 * 1024 * 1024  # Redis's own limit of a string: a longer length is not Redis talking
+MAX_DEPTH = 8  # arrays in arrays: the engine's replies nest two deep (EXEC of HMGET)
 _INCOMPLETE = object()
 
 
@@ -49,11 +50,13 @@ def encode(args):
     return b"".join(out)
 
 
-def parse(buffer, start=0):
+def parse(buffer, start=0, depth=0):
     """(reply, end) of the reply at START of BUFFER, or (_INCOMPLETE, start)
     while it has not all arrived. Strings are decoded; an error reply is a
     ReplyError (returned, not raised: one in an EXEC's array is one
-    command's); a nil is None."""
+    command's); a nil is None. ValueError: not a reply Redis sends."""
+    if depth > MAX_DEPTH:
+        raise ValueError("arrays nested more than %d deep" % MAX_DEPTH)
     line_end = buffer.find(b"\r\n", start)
     if line_end < 0:
         return _INCOMPLETE, start
@@ -65,26 +68,34 @@ def parse(buffer, start=0):
     if kind == b":":
         return int(line), at
     if kind == b"$":
-        length = int(line)
-        if length < 0:
+        length = _length(line)
+        if length is None:
             return None, at
-        if length > MAX_BULK:
-            raise ValueError("a bulk string of %d bytes" % length)
         if len(buffer) < at + length + 2:
             return _INCOMPLETE, start
         return bytes(buffer[at:at + length]).decode(ENCODING, "replace"), at + length + 2
     if kind == b"*":
-        count = int(line)
-        if count < 0:
+        count = _length(line)
+        if count is None:
             return None, at
         items = []
         for _index in range(count):
-            item, at = parse(buffer, at)
+            item, at = parse(buffer, at, depth + 1)
             if item is _INCOMPLETE:
                 return _INCOMPLETE, start
             items.append(item)
         return items, at
     raise ValueError("not a RESP reply: %r" % bytes(buffer[start:start + 20]))
+
+
+def _length(line):
+    """A bulk string's or an array's length: None for -1 (nil)."""
+    length = int(line)
+    if length == -1:
+        return None
+    if not 0 <= length <= MAX_BULK:
+        raise ValueError("a length of %d" % length)
+    return length
 
 
 class Connection(object):
@@ -138,7 +149,7 @@ class Connection(object):
         """The next reply, waited for at most TIMEOUT seconds: None when none
         came (what arrived of it is kept for the next read)."""
         try:
-            return self._read(timeout, keep_on_timeout=True)
+            return self._read(max(timeout, 0.001), keep_on_timeout=True)  # 0 would make the socket non-blocking
         except _TimedOut:
             return None
 
