@@ -402,7 +402,7 @@ def _exit(code):
     (the job and its guard ended, the backend's connections closed, the log
     line and the metrics written); what the interpreter would still do,
     module by module, does nothing for them and costs a start of `dlock
-    run` ~7 ms with a driver loaded (the bare `python3 -c "import redis"`
+    run` ~7 ms with a driver loaded (the bare `python3 -c "import psycopg"`
     pays it too)."""
     for stream in (sys.stdout, sys.stderr):
         try:

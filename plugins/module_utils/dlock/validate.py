@@ -492,8 +492,9 @@ URL_HINT = "redis://, rediss://, postgresql://, postgresql+advisory://, etcd://,
 # Schemes whose URL may name several hosts (host1:port,host2:port): libpq
 # tries them in turn, and the etcd backend tries the next member when one is down.
 MULTI_HOST_SCHEMES = ("postgresql", "postgresql+advisory", "etcd", "etcd+https")
-# Query parameters a URL may carry. Redis takes none: redis-py lets them
-# override our timeouts and TLS checks. libpq's are limited to these.
+# Query parameters a URL may carry. Redis takes none (the usual client
+# parameters would set timeouts and TLS checks, which are the runner's:
+# op_timeout, ca_file). libpq's are limited to these.
 PG_PARAMS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl", "target_session_attrs",
              "application_name", "channel_binding", "gssencmode", "passfile")
 # etcd+https:// may name a TLS client certificate and its key (absolute paths,
@@ -669,8 +670,8 @@ def _query(query, scheme, field):
     if not query:
         return {}
     if scheme in ("redis", "rediss"):
-        raise ConfigError("%s: redis URLs take no query parameters (they would override the runner's "
-                          "timeouts and TLS checks); use --ca-file for TLS" % field)
+        raise ConfigError("%s: redis URLs take no query parameters (timeouts and TLS checks are the runner's: "
+                          "op_timeout, ca_file); use --ca-file for TLS" % field)
     allowed = QUERY_PARAMS[scheme]
     if not allowed:
         raise ConfigError("%s: %s:// URLs take no query parameters (a TLS client certificate needs "
