@@ -120,10 +120,13 @@ class EtcdGateway(object):
         start = self._current
         return [(i % len(clients), clients[i % len(clients)]) for i in range(start, start + len(clients))]
 
-    def post(self, path, payload, stream=False, read_timeout=None):
+    def post(self, path, payload, stream=False, read_timeout=None, dated=False):
         """POST to the gateway on the first member that answers, within
-        op_timeout for all the members tried. Returns the response (JSON
-        read unless `stream`). An unreachable member, or one that cannot
+        op_timeout for all the members tried. Returns the answer's JSON;
+        with `dated`, the answer (etcd_http.Answer: its headers too, for
+        answer_date), on the kept-alive connection as every call; with
+        `stream`, a Stream on a connection of its own, for a watch, which
+        the caller closes. An unreachable member, or one that cannot
         serve (503: no leader, partitioned), is not an outage while another
         answers.
 
@@ -149,20 +152,20 @@ class EtcdGateway(object):
             share = left / (len(tried) - number)
             wait = max(share, left * TRUSTED_SHARE) if trusted and number == 0 else share
             try:
-                response = self._post_to(client, path, payload, (share, wait), stream, read_timeout)
+                response = self._post_to(client, path, payload, (share, wait), stream, read_timeout, dated)
             except Unavailable as exc:
                 errors.append("%s:%s: %s" % (client.host, client.port, exc))
                 lost_try = lost_try or exc.maybe_applied
                 continue
             self._current, self._answered, self._trusted = index, True, True
             self.answered_after_a_lost_try = lost_try
-            if not stream and response.get("header", {}).get("member_id"):
+            if not (stream or dated) and response.get("header", {}).get("member_id"):
                 self._member_ids[index] = response["header"]["member_id"]
             return response
         raise NoAnswer("etcd: no member answered within op_timeout (%.3gs): %s"
                        % (self.op_timeout, "; ".join(errors) or "no time left"))
 
-    def _post_to(self, client, path, payload, timeouts, stream, read_timeout=None):
+    def _post_to(self, client, path, payload, timeouts, stream, read_timeout=None, dated=False):
         """One member's answer: TIMEOUTS (connect, answer) bound the request
         and the login before it (itself a write through the leader, and the
         first call of a process makes it); a stream's reads wait READ_TIMEOUT
@@ -172,7 +175,7 @@ class EtcdGateway(object):
             headers = {"Authorization": self._login(client, timeouts)} if self.password is not None else {}
             response = client.post(path, payload, headers, (connect_timeout, read_timeout or answer_timeout), stream)
             if response.status_code == 200:
-                return response if stream else response.json()
+                return response if stream or dated else response.json()
             error = _error_text(response)
             response.close()
             if response.status_code == 401 and self.password is not None and attempt == 1:
@@ -229,7 +232,7 @@ class EtcdGateway(object):
     def grant_dated_lease(self, seconds):
         """(lease id, its TTL as granted, the Date header of the answer: the
         member's clock when it granted it, whole seconds)."""
-        response = self.post("/lease/grant", {"TTL": seconds}, stream=True)
+        response = self.post("/lease/grant", {"TTL": seconds}, dated=True)
         try:
             answer, date = response.json(), answer_date(response)
         except ValueError as exc:
@@ -334,7 +337,7 @@ def _lease_id(answer):
 
 
 def answer_date(response):
-    """The HTTP Date header of a (streamed) answer, in epoch seconds: the
+    """The HTTP Date header of an answer (post's `dated`), in epoch seconds: the
     member's wall clock, whole seconds; the response is closed."""
     try:
         date = email.utils.parsedate(response.headers.get("Date", ""))

@@ -217,7 +217,7 @@ class EtcdGrant(object):
         grant's transaction then compares the marker's mod_revision with
         this read's, so the rule holds at the grant: a marker changed
         meanwhile (a rerun, a release, its expiry) fails the compare."""
-        response = self.gateway.post("/kv/range", {"key": b64(self.names.marker(key, slot))}, stream=True)
+        response = self.gateway.post("/kv/range", {"key": b64(self.names.marker(key, slot))}, dated=True)
         try:
             kvs, answered = response.json().get("kvs") or [], answer_date(response)
         except ValueError as exc:
@@ -275,7 +275,7 @@ class EtcdGrant(object):
         """The transaction's answer and its Date header; on any error, the
         leases granted for it are revoked."""
         try:
-            response = self.gateway.post("/kv/txn", txn.payload(), stream=True)
+            response = self.gateway.post("/kv/txn", txn.payload(), dated=True)
             try:
                 return response.json(), answer_date(response)
             except ValueError as exc:

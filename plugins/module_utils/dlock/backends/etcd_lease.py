@@ -61,7 +61,7 @@ class EtcdBackend(Backend):
         etcd's API has no clock (its response header holds none), and the
         Date header has whole seconds, so this is the middle of that second
         and clock_resolution tells the check it is 1s coarse."""
-        return answer_date(self.gateway.post("/maintenance/status", {}, stream=True)) + 0.5
+        return answer_date(self.gateway.post("/maintenance/status", {}, dated=True)) + 0.5
 
     clock_resolution = 1.0
 
@@ -103,7 +103,7 @@ class EtcdBackend(Backend):
         names = [b64(self.names.pause(scope)) for scope in scopes]
         response = self.gateway.post("/kv/txn", {"compare": [], "success": [{"request_range": {"key": name}}
                                                                             for name in names], "failure": []},
-                                     stream=True)
+                                     dated=True)
         try:
             answer, answered = response.json(), answer_date(response)
         except ValueError as exc:

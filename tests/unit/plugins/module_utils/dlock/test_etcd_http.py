@@ -8,11 +8,14 @@ import threading
 
 import pytest
 
+from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.etcd_gateway import EtcdGateway, answer_date
 from ansible_collections.dlock.fleet.plugins.module_utils.dlock.backends.etcd_http import Member, Unavailable
 
 TIMEOUTS = (1.0, 0.5)
 LINE = b'{"a": 1}\n'
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+DATED = (b"HTTP/1.1 200 OK\r\nDate: Sun, 29 Nov 2026 21:00:00 GMT\r\nContent-Type: application/json\r\n"
+         b"Content-Length: 2\r\n\r\n{}")
 
 
 def read_request(conn, seen):
@@ -99,3 +102,23 @@ def test_a_stream_has_a_connection_of_its_own_and_its_read_times_out(serve):
         next(chunks)
     stream.close()
     assert member._kept is None  # pylint: disable=protected-access
+
+
+def test_a_dated_call_such_as_the_grant_keeps_to_the_kept_alive_connection(serve):
+    """The grant's transaction and the other calls that read the member's
+    clock (its Date header) are not streams: a connection each would cost
+    every grant a TCP handshake, and a TLS one on etcd+https."""
+    seen = []
+
+    def answers(conn):
+        while read_request(conn, seen) is not None:
+            conn.sendall(DATED)
+    server = serve(answers)
+    gateway = EtcdGateway([("127.0.0.1", server.port)], "http", 2.0)
+    try:
+        assert answer_date(gateway.post("/kv/txn", {}, dated=True)) == 1795986000  # 2026-11-29 21:00:00 UTC
+        assert gateway.post("/kv/range", {}) == {}
+        assert answer_date(gateway.post("/lease/grant", {}, dated=True)) == 1795986000
+    finally:
+        gateway.close()
+    assert len(seen) == 3 and server.accepted == 1
