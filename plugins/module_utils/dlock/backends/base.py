@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import socket
 import time
 
 from .. import validate
@@ -18,6 +19,15 @@ def validate_key(key, field="key"):
 def endpoint(host, port):
     """host:port as a URL writes it ([v6]:port)."""
     return "%s:%s" % ("[%s]" % host if ":" in str(host) else host, port)
+
+
+def transport_error(exc):
+    """A socket's or a protocol's error as the log shows it (redis_resp.py,
+    etcd_http.py): "timed out", else its class with its text if any."""
+    if isinstance(exc, socket.timeout):  # TimeoutError since Python 3.10
+        return "timed out"
+    text = str(exc)
+    return "%s: %s" % (exc.__class__.__name__, text) if text else exc.__class__.__name__
 
 
 def lease_ms(seconds, field="ttl", minimum=1.0, maximum=validate.MAX_DURATION):

@@ -82,7 +82,8 @@ def with_epoch(backend, epoch):
 
 
 # -- a switch of backend on a node (the runner role's preflight) -----------------
-# The port a URL without one means (the drivers' defaults).
+# The port a URL without one means (each server's default): the backends and
+# the switch's identity read it here.
 DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "postgresql": 5432, "postgresql+advisory": 5432,
                  "etcd": 2379, "etcd+https": 2379}
 

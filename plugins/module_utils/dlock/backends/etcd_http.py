@@ -19,8 +19,9 @@ Unavailable.maybe_applied: whether the request may have reached the member.
 import http.client
 import json
 import select
-import socket
 import threading
+
+from .base import transport_error
 
 API = "/v3"
 
@@ -63,24 +64,17 @@ class Stream(Answer):
         self._response = response
 
     def json(self):
-        self.body = self._read(self._response.read)
+        self.body = _reading(self._response.read)
         return Answer.json(self)
 
     def chunks(self):
         """The body as it comes, a piece at a time; Unavailable when the read
         times out (the connection's read timeout) or the connection breaks."""
         while True:
-            chunk = self._read(self._response.read1, 65536)
+            chunk = _reading(self._response.read1, 65536)
             if not chunk:
                 return
             yield chunk
-
-    @staticmethod
-    def _read(read, *args):
-        try:
-            return read(*args)
-        except (OSError, http.client.HTTPException) as exc:
-            raise Unavailable(_why(exc))
 
     def close(self):
         self._connection.close()
@@ -118,7 +112,7 @@ class Member(object):
                 self._kept = self._connect(connect_timeout)
             try:
                 response = self._send(self._kept, path, body, headers, answer_timeout)
-                answer = Answer(response, Stream._read(response.read))
+                answer = Answer(response, _reading(response.read))
             except BaseException:
                 self.close()
                 raise
@@ -137,7 +131,7 @@ class Member(object):
             connection.connect()
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
-            raise Unavailable(_why(exc), maybe_applied=False)
+            raise Unavailable(transport_error(exc), maybe_applied=False)
         return connection
 
     @staticmethod
@@ -149,12 +143,21 @@ class Member(object):
             connection.request("POST", API + path, body, headers)
             return connection.getresponse()
         except (OSError, http.client.HTTPException) as exc:
-            raise Unavailable(_why(exc))
+            raise Unavailable(transport_error(exc))
 
     def close(self):
         kept, self._kept = self._kept, None
         if kept is not None:
             kept.close()
+
+
+def _reading(read, *args):
+    """READ(*ARGS) of an answer's body; Unavailable when the read times out
+    or the connection breaks."""
+    try:
+        return read(*args)
+    except (OSError, http.client.HTTPException) as exc:
+        raise Unavailable(transport_error(exc))
 
 
 def _dropped(connection):
@@ -169,11 +172,3 @@ def _dropped(connection):
         return bool(select.select([sock], [], [], 0)[0])
     except (OSError, ValueError):
         return True
-
-
-def _why(exc):
-    """A transport error as the log shows it: its class, with its text if any."""
-    if isinstance(exc, socket.timeout):  # TimeoutError since Python 3.10
-        return "timed out"
-    text = str(exc)
-    return "%s: %s" % (exc.__class__.__name__, text) if text else exc.__class__.__name__

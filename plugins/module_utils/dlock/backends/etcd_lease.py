@@ -20,12 +20,12 @@ from ..safefile import require_regular
 from ..slots import outcome_marker
 from ..validate import backend_url
 from .base import Backend, Pause, Slot, history_entry, history_keep, history_record, lease_ms, pause_ms
+from .epoch import DEFAULT_PORTS
 from .etcd_gateway import KV, EtcdGateway, answer_date, b64, first_kv, prefix_end
 from .etcd_grant import EtcdGrant, lock_view, overdue
 from .etcd_keys import KeyNames
 from .etcd_line import EtcdLine
 
-DEFAULT_PORT = 2379
 # etcd refuses a transaction of more operations than its --max-txn-ops,
 # 128 unless the cluster sets it otherwise: query_many reads three keys a
 # lock, so at most 42 locks a transaction.
@@ -48,7 +48,7 @@ class EtcdBackend(Backend):
             require_regular(cert, "TLS client certificate")
             require_regular(key_file, "TLS client key")
         self.min_ttl = BACKEND_MIN_TTL[parts.scheme]
-        self.gateway = EtcdGateway([(host, port or DEFAULT_PORT) for host, port in parts.hosts],
+        self.gateway = EtcdGateway([(host, port or DEFAULT_PORTS[parts.scheme]) for host, port in parts.hosts],
                                    "https" if parts.scheme == "etcd+https" else "http", op_timeout,
                                    user=parts.user, password=password, ca_file=ca_file, cert=cert, key_file=key_file)
         self.names = KeyNames(parts.path)

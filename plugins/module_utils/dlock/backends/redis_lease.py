@@ -30,10 +30,9 @@ from ..slots import DONE, SLOT_TRIES, marker_owner, outcome_marker
 from ..validate import MAX_DURATION, backend_url
 from .base import (Backend, Grant, LockView, Pause, endpoint, grant_not_counted, history_entry, history_keep,
                    history_record, lease_ms, pause_ms, scope_parts)
+from .epoch import DEFAULT_PORTS
 from .redis_resp import Connection, ReplyError, Unanswered
 from .tls import tls_context
-
-DEFAULT_PORT = 6379
 
 # Time in ms from the server clock, inside scripts (TIME is allowed with
 # effects replication, the default since Redis 5).
@@ -302,8 +301,8 @@ class RedisBackend(Backend):
         # rediss://: the server's certificate and its name are verified
         # (tls.py), against ca_file when given.
         tls = tls_context(ca_file) if parts.scheme == "rediss" else None
-        self._connection = dict(host=host, port=port or DEFAULT_PORT, db=int(parts.path or 0), username=parts.user,
-                                password=password, tls=tls, timeout=op_timeout)
+        self._connection = dict(host=host, port=port or DEFAULT_PORTS[parts.scheme], db=int(parts.path or 0),
+                                username=parts.user, password=password, tls=tls, timeout=op_timeout)
         self.client = Connection(**self._connection)
         self.op_timeout = op_timeout
         self._shas = {}  # script source -> its SHA1, as EVALSHA names it

@@ -15,6 +15,8 @@ may have reached the server; a ReplyError is the server's own refusal.
 
 import socket
 
+from .base import transport_error
+
 ENCODING = "utf-8"
 MAX_BULK = 512 * 1024 * 1024  # Redis's own limit of a string: a longer length is not Redis talking
 MAX_DEPTH = 8  # arrays in arrays: the engine's replies nest two deep (EXEC of HMGET)
@@ -159,14 +161,14 @@ class Connection(object):
         try:
             sock = socket.create_connection((self.host, self.port), self.timeout)
         except OSError as exc:
-            raise Unanswered(_why(exc), maybe_applied=False)
+            raise Unanswered(transport_error(exc), maybe_applied=False)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_hostname=self.host)
         except OSError as exc:
             sock.close()
-            raise Unanswered(_why(exc), maybe_applied=False)
+            raise Unanswered(transport_error(exc), maybe_applied=False)
         self._sock, self._buffer = sock, bytearray()
         hello = []
         if self.password is not None:
@@ -187,7 +189,7 @@ class Connection(object):
             self._sock.sendall(data)
         except OSError as exc:
             self.close()
-            raise Unanswered(_why(exc))
+            raise Unanswered(transport_error(exc))
 
     def _read(self, timeout, keep_on_timeout=False):
         """The next reply, within TIMEOUT a read of the socket; Unanswered
@@ -212,7 +214,7 @@ class Connection(object):
                 raise _TimedOut("timed out")
             except OSError as exc:
                 self.close()
-                raise Unanswered(_why(exc))
+                raise Unanswered(transport_error(exc))
             if not chunk:
                 self.close()
                 raise Unanswered("the server closed the connection")
@@ -232,10 +234,3 @@ def _raised(reply):
     if isinstance(reply, ReplyError):
         raise reply
     return reply
-
-
-def _why(exc):
-    if isinstance(exc, socket.timeout):
-        return "timed out"
-    text = str(exc)
-    return "%s: %s" % (exc.__class__.__name__, text) if text else exc.__class__.__name__
