@@ -4,6 +4,7 @@ have been applied) decides whether the gateway's next member's answer
 stands. And a kept-alive connection the member closed while idle is not
 mistaken for a member that failed."""
 
+import select
 import threading
 
 import pytest
@@ -82,6 +83,9 @@ def test_calls_share_one_connection_and_one_the_member_closed_while_idle_is_made
     assert server.accepted == 1
     closing.set()
     member.post("/kv/range", {}, {}, TIMEOUTS)  # answered, then the member closes the connection
+    # Synchronise on the member's close reaching our socket (it reads at
+    # once), not on time: before that, no client could tell.
+    assert select.select([member._kept.sock], [], [], 2.0)[0]  # pylint: disable=protected-access
     answer = member.post("/kv/txn", {}, {}, TIMEOUTS)  # not an Unavailable: a new connection
     assert answer.status_code == 200 and server.accepted == 2 and len(seen) == 4
 
